@@ -1,0 +1,210 @@
+"""The queue-storage tables of Awa v040, declared once for every queue-storage schema.
+
+Each table sits under the placeholder schema :data:`QS_PLACEHOLDER`; statements are executed
+with ``schema_translate_map={QS_PLACEHOLDER: name}``. One ``Table`` object per table keeps
+SQLAlchemy's compiled-statement cache warm across schemas (a ``Table`` per name would be a new
+cache key each time), and SQLAlchemy quotes the translated name. Which names are accepted at
+all is decided by :func:`translate_map`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Integer,
+    LargeBinary,
+    MetaData,
+    PrimaryKeyConstraint,
+    Sequence,
+    SmallInteger,
+    Table,
+    Text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
+from sqlalchemy.types import NullType
+
+from awa_sa.errors import InvalidSchemaName
+from awa_sa.tables import Timestamp, job_state
+
+QS_PLACEHOLDER = "__awa_queue_storage__"
+"""Never a real schema: a statement run without a translate map fails instead of guessing."""
+
+_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]*")
+_MAX_IDENTIFIER_BYTES = 63
+
+metadata = MetaData(schema=QS_PLACEHOLDER)
+
+job_id_seq = Sequence("job_id_seq", metadata=metadata, schema=QS_PLACEHOLDER)
+"""The successor-id sequence; independent of the canonical ``awa.jobs_id_seq``."""
+
+
+def translate_map(schema: str) -> dict[str | None, str | None]:
+    """The ``schema_translate_map`` for queue-storage schema *schema*, validated.
+
+    Awa splices the name into identifiers, so it accepts only plain lower-case identifiers;
+    so do we (spec: queue_storage.md §1). PostgreSQL would silently truncate a longer name.
+    """
+    if not (_IDENTIFIER.fullmatch(schema) and len(schema.encode()) <= _MAX_IDENTIFIER_BYTES):
+        raise InvalidSchemaName(schema)
+    return {QS_PLACEHOLDER: schema}
+
+
+deferred_jobs = Table(
+    "deferred_jobs",
+    metadata,
+    Column("job_id", BigInteger, primary_key=True),
+    Column("kind", Text, nullable=False),
+    Column("queue", Text, nullable=False),
+    Column("args", JSONB, nullable=False),
+    Column("state", job_state, nullable=False),
+    Column("priority", SmallInteger, nullable=False),
+    Column("attempt", SmallInteger, nullable=False),
+    Column("run_lease", BigInteger, nullable=False),
+    Column("max_attempts", SmallInteger, nullable=False),
+    Column("run_at", Timestamp, nullable=False),
+    Column("attempted_at", Timestamp),
+    Column("finalized_at", Timestamp),
+    Column("created_at", Timestamp, nullable=False),
+    Column("unique_key", LargeBinary),
+    Column("unique_states", Text),
+    Column("payload", JSONB),
+)
+
+_LANE_KEY = ("ready_slot", "queue", "priority", "enqueue_shard", "lane_seq")
+
+done_entries = Table(
+    "done_entries",
+    metadata,
+    Column("ready_slot", Integer, nullable=False),
+    Column("ready_generation", BigInteger, nullable=False),
+    Column("job_id", BigInteger, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("queue", Text, nullable=False),
+    Column("args", JSONB),
+    Column("state", job_state, nullable=False),
+    Column("priority", SmallInteger, nullable=False),
+    Column("attempt", SmallInteger, nullable=False),
+    Column("run_lease", BigInteger, nullable=False),
+    Column("max_attempts", SmallInteger),
+    Column("lane_seq", BigInteger, nullable=False),
+    Column("enqueue_shard", SmallInteger, nullable=False),
+    Column("run_at", Timestamp),
+    Column("attempted_at", Timestamp),
+    Column("finalized_at", Timestamp, nullable=False),
+    Column("created_at", Timestamp),
+    Column("unique_key", LargeBinary),
+    Column("unique_states", Text),
+    Column("payload", JSONB),
+    PrimaryKeyConstraint(*_LANE_KEY),
+)
+
+ready_entries = Table(
+    "ready_entries",
+    metadata,
+    Column("ready_slot", Integer, nullable=False),
+    Column("ready_generation", BigInteger, nullable=False),
+    Column("job_id", BigInteger, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("queue", Text, nullable=False),
+    Column("args", JSONB, nullable=False),
+    Column("priority", SmallInteger, nullable=False),
+    Column("attempt", SmallInteger, nullable=False),
+    Column("run_lease", BigInteger, nullable=False),
+    Column("max_attempts", SmallInteger, nullable=False),
+    Column("lane_seq", BigInteger, nullable=False),
+    Column("enqueue_shard", SmallInteger, nullable=False),
+    Column("run_at", Timestamp, nullable=False),
+    Column("attempted_at", Timestamp),
+    Column("created_at", Timestamp, nullable=False),
+    Column("unique_key", LargeBinary),
+    Column("unique_states", Text),
+    Column("payload", JSONB),
+    PrimaryKeyConstraint(*_LANE_KEY),
+)
+
+queue_ring_state = Table(
+    "queue_ring_state",
+    metadata,
+    Column("singleton", Boolean, primary_key=True),
+    Column("current_slot", Integer, nullable=False),
+    Column("generation", BigInteger, nullable=False),
+    Column("slot_count", Integer, nullable=False),
+    Column("terminal_counter_trusted_at", Timestamp),
+)
+
+queue_lanes = Table(
+    "queue_lanes",
+    metadata,
+    Column("queue", Text, primary_key=True),
+    Column("priority", SmallInteger, primary_key=True),
+    Column("next_seq", BigInteger, nullable=False),
+    Column("claim_seq", BigInteger, nullable=False),
+    Column("pruned_completed_count", BigInteger, nullable=False),
+)
+
+queue_enqueue_heads = Table(
+    "queue_enqueue_heads",
+    metadata,
+    Column("queue", Text, primary_key=True),
+    Column("priority", SmallInteger, primary_key=True),
+    Column("enqueue_shard", SmallInteger, primary_key=True),
+    Column("next_seq", BigInteger, nullable=False),
+    Column("seq_name", Text),
+)
+
+queue_claim_heads = Table(
+    "queue_claim_heads",
+    metadata,
+    Column("queue", Text, primary_key=True),
+    Column("priority", SmallInteger, primary_key=True),
+    Column("enqueue_shard", SmallInteger, primary_key=True),
+    Column("claim_seq", BigInteger, nullable=False),
+    Column("seq_name", Text),
+    Column("ready_segment_slot", Integer),
+    Column("ready_segment_generation", BigInteger),
+    Column("ready_segment_next_lane_seq", BigInteger),
+)
+
+queue_terminal_count_deltas = Table(
+    "queue_terminal_count_deltas",
+    metadata,
+    Column("ready_slot", Integer, nullable=False),
+    Column("ready_generation", BigInteger, nullable=False),
+    Column("queue", Text, nullable=False),
+    Column("priority", SmallInteger, nullable=False),
+    Column("enqueue_shard", SmallInteger, nullable=False),
+    Column("counter_bucket", SmallInteger, nullable=False),
+    Column("terminal_delta", BigInteger, nullable=False),
+    Column("recorded_at", Timestamp, nullable=False),
+)
+
+
+class ensure_lane_sequences(FunctionElement[None]):
+    """``S.ensure_lane_sequences(queue, priority, shard)``, with ``S`` schema-translated.
+
+    ``sqlalchemy.func`` cannot put a function under a translated schema; this element can,
+    because the compiler resolves its ``schema`` the way it resolves a table's.
+    """
+
+    type = NullType()
+    inherit_cache = True
+    name = "ensure_lane_sequences"
+    schema = QS_PLACEHOLDER
+    _use_schema_map = True
+
+
+@compiles(ensure_lane_sequences)
+def _compile_ensure_lane_sequences(
+    element: ensure_lane_sequences, compiler: SQLCompiler, **kw: Any
+) -> str:
+    preparer = compiler.preparer
+    schema = preparer.quote_schema(preparer.schema_for_object(element))
+    return f"{schema}.{element.name}({compiler.process(element.clauses, **kw)})"

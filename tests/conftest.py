@@ -1,0 +1,201 @@
+"""Disposable PostgreSQL for the suite: one server, two template databases, a clone per test.
+
+The server runs as the ``postgres`` account (PostgreSQL refuses root; CI is root). The fixture
+template is built once by Alembic (``awa_sa_schema.build``), the real-cluster template once by
+the published ``awa`` CLI; each test gets its own ``CREATE DATABASE ... TEMPLATE`` clone, so
+tests may commit freely and never see each other's rows.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from pytest_postgresql.janitor import DatabaseJanitor
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+import awa_sa_schema  # built by schema/ (Alembic)
+from awa_sa.embedded import EmbeddedPostgres, embedded_postgres
+
+FIXTURE_SCHEMAS = ("awa", "awa_qs")
+
+
+@pytest.fixture(scope="session")
+def pg() -> Iterator[EmbeddedPostgres]:
+    with embedded_postgres() as server:
+        yield server
+
+
+def database_url(pg: EmbeddedPostgres, dbname: str, driver: str = "psycopg") -> str:
+    return f"postgresql+{driver}://{pg.user}@{pg.host}:{pg.port}/{dbname}"
+
+
+def _janitor(pg: EmbeddedPostgres, dbname: str, **kw: object) -> DatabaseJanitor:
+    return DatabaseJanitor(user=pg.user, host=pg.host, port=pg.port, dbname=dbname, **kw)
+
+
+def awa_cli() -> str:
+    """The ``awa`` binary from the awa-cli wheel installed beside this interpreter."""
+    beside = Path(sys.executable).with_name("awa")
+    found = str(beside) if beside.exists() else shutil.which("awa")
+    if not found:
+        pytest.fail("the awa CLI (pip install awa-cli==0.6.9) is not installed")
+    return found
+
+
+def run_awa(pg: EmbeddedPostgres, dbname: str, *args: str) -> str:
+    """Run the real Awa CLI against *dbname* and return its stdout."""
+    env = {**os.environ, "DATABASE_URL": f"postgres://{pg.user}@{pg.host}:{pg.port}/{dbname}"}
+    env.setdefault("RUST_LOG", "warn")
+    proc = subprocess.run(
+        [awa_cli(), *args], env=env, capture_output=True, text=True, check=False, timeout=120
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"awa {' '.join(args)} failed: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+@pytest.fixture(scope="session")
+def fixture_template(pg: EmbeddedPostgres) -> Iterator[str]:
+    """Template database with the Alembic-built v040 fixture (queue storage in awa and awa_qs)."""
+    name = "awa_fixture_tmpl"
+    janitor = _janitor(pg, name, as_template=True)
+    janitor.init()
+    engine = sa.create_engine(database_url(pg, name), poolclass=sa.NullPool)
+    with engine.begin() as conn:
+        awa_sa_schema.build(conn, FIXTURE_SCHEMAS)
+    engine.dispose()
+    yield name
+    janitor.drop()
+
+
+@pytest.fixture(scope="session")
+def real_template(pg: EmbeddedPostgres) -> Iterator[str]:
+    """Template database built by the published awa CLI 0.6.9, plus the awa_qs substrate."""
+    name = "awa_real_tmpl"
+    janitor = _janitor(pg, name, as_template=True)
+    janitor.init()
+    run_awa(pg, name, "migrate")
+    run_awa(pg, name, "storage", "prepare-queue-storage-schema", "--schema", "awa_qs")
+    yield name
+    janitor.drop()
+
+
+@pytest.fixture
+def clone_database(pg: EmbeddedPostgres) -> Iterator[Callable[[str], str]]:
+    """Factory: ``clone(source_dbname) -> url`` of a new database copied from the source.
+
+    The source must have no open connections (a template has none between tests).
+    """
+    janitors: list[DatabaseJanitor] = []
+
+    def clone(source: str) -> str:
+        name = f"t_{uuid.uuid4().hex[:16]}"
+        janitor = _janitor(pg, name, template_dbname=source)
+        janitor.init()
+        janitors.append(janitor)
+        return database_url(pg, name)
+
+    yield clone
+    for janitor in reversed(janitors):
+        janitor.drop()
+
+
+def _engine(url: str) -> Iterator[sa.Engine]:
+    engine = sa.create_engine(url, pool_size=10, max_overflow=10)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def db_url(clone_database: Callable[[str], str], fixture_template: str) -> str:
+    """A fresh clone of the fixture database for this test alone."""
+    return clone_database(fixture_template)
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[sa.Engine]:
+    yield from _engine(db_url)
+
+
+@pytest.fixture
+async def async_engine(db_url: str) -> AsyncIterator[AsyncEngine]:
+    engine = create_async_engine(db_url, pool_size=10, max_overflow=10)
+    try:
+        yield engine
+    finally:
+        await engine.dispose()
+
+
+@pytest.fixture
+def real_db_url(clone_database: Callable[[str], str], real_template: str) -> str:
+    """A fresh clone of the awa-CLI-built database for this test alone."""
+    return clone_database(real_template)
+
+
+@pytest.fixture
+def real_engine(real_db_url: str) -> Iterator[sa.Engine]:
+    yield from _engine(real_db_url)
+
+
+PHASES = ("canonical", "prepared", "mixed_transition", "active", "aborted")
+
+
+class Cluster:
+    """A database plus the way to move it between storage phases.
+
+    ``kind == "fixture"`` writes the phase rows directly (``awa_sa_schema.set_phase``);
+    ``kind == "real"`` drives the published ``awa storage`` commands against a database built
+    by ``awa migrate``, so every scenario test can run on both.
+    """
+
+    def __init__(self, kind: str, pg: EmbeddedPostgres, url: str, engine: sa.Engine) -> None:
+        self.kind = kind
+        self.pg = pg
+        self.url = url
+        self.engine = engine
+        self.dbname = sa.make_url(url).database or ""
+
+    def set_phase(self, phase: str, schema: str = "awa") -> None:
+        """Move from a fresh canonical cluster to *phase*, routing to *schema* once flipped."""
+        if phase not in PHASES:
+            raise ValueError(phase)
+        if self.kind == "fixture":
+            with self.engine.begin() as conn:
+                awa_sa_schema.set_phase(conn, phase, schema)
+            return
+        if phase == "canonical":
+            return
+        details = f'{{"schema": "{schema}"}}'
+        self.awa("storage", "prepare", "--engine", "queue_storage", "--details", details)
+        if phase in ("mixed_transition", "active", "aborted"):
+            self.awa("storage", "enter-mixed-transition", "--quiesced")
+        if phase == "active":
+            self.awa("storage", "finalize")
+        if phase == "aborted":
+            self.awa("storage", "abort")
+
+    def awa(self, *args: str) -> str:
+        return run_awa(self.pg, self.dbname, *args)
+
+
+@pytest.fixture(params=["fixture", "real"])
+def cluster(
+    request: pytest.FixtureRequest,
+    pg: EmbeddedPostgres,
+    clone_database: Callable[[str], str],
+) -> Iterator[Cluster]:
+    """Each scenario once on the Alembic fixture and once on an ``awa migrate`` database."""
+    template = request.getfixturevalue(f"{request.param}_template")
+    url = clone_database(template)
+    for engine in _engine(url):
+        yield Cluster(request.param, pg, url, engine)

@@ -1,0 +1,196 @@
+"""Read-only status of an Awa v040 cluster: where routing points and what still blocks finalize.
+
+An operator mid-transition wants one answer: "can ``awa storage finalize`` pass yet, and if not,
+what is left?". ``awa.canonical_live_backlog()`` answers with one number and only on a real
+cluster; here the same quantity is derived from per-state counts of the tables themselves, so it
+also works on the test fixture (which omits that function) and shows *which* states remain.
+
+Everything runs in one ``READ ONLY`` transaction that is rolled back: looking must never write,
+and a single snapshot keeps the phase and the counts consistent with each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import sqlalchemy as sa
+
+from awa_sa import queue_storage
+from awa_sa.errors import AwaSAError, InvalidSchemaName
+from awa_sa.tables import (
+    jobs_hot,
+    scheduled_jobs,
+    schema_version,
+    storage_transition_state,
+)
+
+SUPPORTED_SCHEMA_VERSION = 40
+"""awa-sa speaks exactly the v040 schema (awa-cli 0.6.x); v041+ changed the ring cursor."""
+
+TERMINAL_STATES = frozenset({"completed", "failed", "cancelled"})
+"""States that do not count towards the finalize gate in ``jobs_hot``."""
+
+
+class StatusError(AwaSAError):
+    """The database cannot be described as an Awa v040 cluster."""
+
+
+class NotAnAwaCluster(StatusError):
+    """No ``awa.schema_version`` table: ``awa migrate`` never ran against this database."""
+
+
+class UnsupportedSchemaVersion(StatusError):
+    """An Awa cluster, but not at the schema version awa-sa was written for."""
+
+    def __init__(self, version: int | None) -> None:
+        shown = "no version rows" if version is None else f"v{version:03d}"
+        super().__init__(
+            f"Awa schema is {shown}; awa-sa supports v{SUPPORTED_SCHEMA_VERSION:03d} "
+            "(awa-cli 0.6.x)"
+        )
+        self.version = version
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    """One consistent snapshot of the transition singleton and the backlogs."""
+
+    schema_version: int
+    phase: str
+    """``storage_transition_state.state``; ``"canonical"`` when the singleton row is missing."""
+    epoch: int | None
+    current_engine: str | None
+    prepared_engine: str | None
+    routing_schema: str | None
+    """``awa.active_queue_storage_schema()``: where new writes go; None means canonical."""
+    queue_storage_schema: str | None
+    """The schema being transitioned to (routing target, or the prepared one), if any."""
+    queue_storage_installed: bool
+    """Whether ``queue_storage_schema`` has a ``deferred_jobs`` table to count."""
+    jobs_hot: Mapping[str, int] = field(default_factory=dict)
+    scheduled_jobs: Mapping[str, int] = field(default_factory=dict)
+    deferred_jobs: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def canonical_live_backlog(self) -> int:
+        """What ``awa.canonical_live_backlog()`` returns: finalize refuses while it is > 0."""
+        live_hot = sum(n for state, n in self.jobs_hot.items() if state not in TERMINAL_STATES)
+        return live_hot + sum(self.scheduled_jobs.values())
+
+    @property
+    def finalize_ready(self) -> bool:
+        """The backlog half of the finalize gate (live runtimes are not inspected)."""
+        return self.phase == "mixed_transition" and self.canonical_live_backlog == 0
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "schema_version": self.schema_version,
+            "phase": self.phase,
+            "epoch": self.epoch,
+            "current_engine": self.current_engine,
+            "prepared_engine": self.prepared_engine,
+            "routing": self.routing_schema or "canonical",
+            "queue_storage_schema": self.queue_storage_schema,
+            "queue_storage_installed": self.queue_storage_installed,
+            "jobs_hot": dict(self.jobs_hot),
+            "scheduled_jobs": dict(self.scheduled_jobs),
+            "deferred_jobs": dict(self.deferred_jobs),
+            "canonical_live_backlog": self.canonical_live_backlog,
+            "finalize_ready": self.finalize_ready,
+        }
+
+
+def _regclass_exists(conn: sa.Connection, name: str) -> bool:
+    # to_regclass answers NULL instead of raising, so a missing relation does not abort the
+    # transaction we still want to read from.
+    found = conn.execute(sa.select(sa.func.to_regclass(sa.literal(name)).is_not(None))).scalar()
+    return bool(found)
+
+
+def _counts_by_state(
+    conn: sa.Connection, table: sa.Table, translate: dict[str | None, str | None] | None = None
+) -> dict[str, int]:
+    state = table.c.state
+    stmt = sa.select(sa.cast(state, sa.Text), sa.func.count()).group_by(state).order_by(state)
+    if translate is not None:
+        conn = conn.execution_options(schema_translate_map=translate)
+    return {str(s): int(n) for s, n in conn.execute(stmt)}
+
+
+def _check_version(conn: sa.Connection) -> int:
+    if not _regclass_exists(conn, "awa.schema_version"):
+        raise NotAnAwaCluster("not an Awa cluster: awa.schema_version does not exist")
+    version = conn.execute(sa.select(sa.func.max(schema_version.c.version))).scalar()
+    if version != SUPPORTED_SCHEMA_VERSION:
+        raise UnsupportedSchemaVersion(None if version is None else int(version))
+    return int(version)
+
+
+def _target_schema(
+    phase: str, routing: str | None, details: Mapping[str, object] | None
+) -> str | None:
+    """The queue-storage schema in play: routing's answer, else the one ``prepare`` named."""
+    if routing:
+        return routing
+    if phase == "prepared":
+        named = (details or {}).get("schema")
+        # Blank counts as missing, and awa's own last fallback is the schema 'awa'.
+        return named if isinstance(named, str) and named.strip() else "awa"
+    return None
+
+
+def _translate_or_none(schema: str | None) -> dict[str | None, str | None] | None:
+    """A name awa could never route to is reported as not installed, not as a crash."""
+    if schema is None:
+        return None
+    try:
+        return queue_storage.translate_map(schema)
+    except InvalidSchemaName:
+        return None
+
+
+def read_status_in(conn: sa.Connection) -> ClusterStatus:
+    """Read the status inside the caller's transaction; raises :class:`StatusError`."""
+    version = _check_version(conn)
+    sts = storage_transition_state
+    row = conn.execute(
+        sa.select(
+            sts.c.state,
+            sts.c.transition_epoch,
+            sts.c.current_engine,
+            sts.c.prepared_engine,
+            sts.c.details,
+        ).where(sts.c.singleton)
+    ).one_or_none()
+    routing = conn.execute(sa.select(sa.func.awa.active_queue_storage_schema())).scalar()
+    phase = row.state if row is not None else "canonical"
+    target = _target_schema(phase, routing, row.details if row is not None else None)
+    translate = _translate_or_none(target)
+    installed = translate is not None and _regclass_exists(conn, f"{target}.deferred_jobs")
+    deferred: dict[str, int] = {}
+    if translate is not None and installed:
+        deferred = _counts_by_state(conn, queue_storage.deferred_jobs, translate)
+    return ClusterStatus(
+        schema_version=version,
+        phase=phase,
+        epoch=None if row is None else int(row.transition_epoch),
+        current_engine=None if row is None else row.current_engine,
+        prepared_engine=None if row is None else row.prepared_engine,
+        routing_schema=routing,
+        queue_storage_schema=target,
+        queue_storage_installed=installed,
+        jobs_hot=_counts_by_state(conn, jobs_hot),
+        scheduled_jobs=_counts_by_state(conn, scheduled_jobs),
+        deferred_jobs=deferred,
+    )
+
+
+def read_status(engine: sa.Engine) -> ClusterStatus:
+    """Read the status in a fresh READ ONLY transaction, rolled back afterwards."""
+    with engine.connect() as conn:
+        conn.exec_driver_sql("SET TRANSACTION READ ONLY")
+        try:
+            return read_status_in(conn)
+        finally:
+            conn.rollback()

@@ -1,1 +1,42 @@
-"""awa-sa."""
+"""awa-sa: typed SQLAlchemy Core data access for Awa v040.
+
+The public surface is re-exported here; ``awa_sa.asyncio`` holds the async face.
+"""
+
+from awa_sa.errors import (
+    AwaSAError,
+    DatabaseError,
+    InvalidSchemaName,
+    UniqueConflict,
+    ValidationError,
+)
+from awa_sa.kinds import (
+    CancelledDuplicate,
+    Kind,
+    Migrated,
+    Outcome,
+    Rescheduled,
+    RetryAfter,
+    RetryBackoff,
+    Snooze,
+    Stale,
+)
+from awa_sa.reschedule import reschedule_canonical_attempt
+
+__all__ = [
+    "AwaSAError",
+    "CancelledDuplicate",
+    "DatabaseError",
+    "InvalidSchemaName",
+    "Kind",
+    "Migrated",
+    "Outcome",
+    "Rescheduled",
+    "RetryAfter",
+    "RetryBackoff",
+    "Snooze",
+    "Stale",
+    "UniqueConflict",
+    "ValidationError",
+    "reschedule_canonical_attempt",
+]

@@ -1,10 +1,25 @@
 """One exception root, so a caller can catch everything awa-sa raises with one clause.
 
-Validation errors are raised before any statement runs; database errors keep the driver's
-exception as ``__cause__``.
+* :class:`ValidationError` -- the input can never succeed. Raised before any statement runs
+  where that is possible; otherwise (an invalid routing schema name, non-object metadata on the
+  taken row) before anything is written, and the write that would follow is rolled back.
+* :class:`UniqueConflict` -- SQLSTATE 23505, or a claim upsert that acquired nothing. On the
+  canonical path it propagates and the attempt stays running, as in Awa (spec §4, §9).
+* :class:`DatabaseError` -- any other driver error (interval overflow, lock timeout,
+  serialization failure, lost connection). ``sqlstate`` is exposed; ``__cause__`` is the
+  SQLAlchemy exception, whose ``orig`` is the driver's own.
+
+Whatever is raised, nothing the operation did is committed. With an ``Engine`` its own
+transaction is rolled back. With a ``Connection`` the caller's transaction is left either
+untouched (the error came from a savepoint-wrapped queue-storage branch, or before any write) or
+aborted by PostgreSQL (a failed canonical statement), and the caller must roll it back.
 """
 
 from __future__ import annotations
+
+import sqlalchemy.exc
+
+UNIQUE_VIOLATION = "23505"
 
 
 class AwaSAError(Exception):
@@ -12,7 +27,7 @@ class AwaSAError(Exception):
 
 
 class ValidationError(AwaSAError, ValueError):
-    """The input can never succeed; nothing was sent to the database."""
+    """The input can never succeed; nothing was written."""
 
 
 class InvalidSchemaName(ValidationError):
@@ -32,3 +47,31 @@ class UniqueConflict(AwaSAError):
     def __init__(self, constraint: str | None, message: str = "") -> None:
         super().__init__(message or f"unique conflict on {constraint}")
         self.constraint = constraint
+
+
+class DatabaseError(AwaSAError):
+    """The database refused a statement for a reason other than a unique conflict.
+
+    ``sqlstate`` is None when the failure carried no SQLSTATE (a lost connection, or an
+    expected row that was missing).
+    """
+
+    def __init__(self, message: str, sqlstate: str | None = None) -> None:
+        super().__init__(message if sqlstate is None else f"[{sqlstate}] {message}")
+        self.sqlstate = sqlstate
+
+
+def translate_db_error(exc: sqlalchemy.exc.DBAPIError) -> AwaSAError:
+    """The awa-sa error for a driver error; the caller raises it ``from exc``.
+
+    The constraint name of a 23505 comes from the server's diagnostics, so the claim trigger's
+    ``idx_awa_jobs_unique`` and a ``*_pkey`` are told apart as Awa does.
+    """
+    orig = exc.orig
+    sqlstate: str | None = getattr(orig, "sqlstate", None)
+    diag = getattr(orig, "diag", None)
+    if sqlstate == UNIQUE_VIOLATION:
+        constraint: str | None = getattr(diag, "constraint_name", None)
+        return UniqueConflict(constraint, str(orig).strip())
+    primary: str | None = getattr(diag, "message_primary", None)
+    return DatabaseError(primary or str(orig).strip(), sqlstate)

@@ -1,0 +1,90 @@
+"""What a handler asked for (the three kinds) and what became of the attempt (the four outcomes).
+
+Plain frozen values: they cross thread and event-loop boundaries and are compared in tests.
+A delay is checked when the kind is built, so a NaN never gets as far as a connection.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime
+
+from awa_sa.errors import ValidationError
+
+
+def _check_delay(delay_secs: object) -> None:
+    # bool is an int, and `Snooze(True)` is a bug, not one second.
+    if isinstance(delay_secs, bool) or not isinstance(delay_secs, int | float):
+        raise ValidationError(f"delay_secs must be a number of seconds, got {delay_secs!r}")
+    try:
+        finite = math.isfinite(delay_secs)
+    except OverflowError:  # an int too large for a double
+        finite = False
+    if not finite:
+        # PostgreSQL turns NaN into a huge negative interval and infinity into an error.
+        raise ValidationError(f"delay_secs must be finite, got {delay_secs!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Snooze:
+    """Run again after ``delay_secs``; the attempt that just ran is not counted."""
+
+    delay_secs: float
+
+    def __post_init__(self) -> None:
+        _check_delay(self.delay_secs)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryAfter:
+    """Retry after ``delay_secs``; the attempt counts."""
+
+    delay_secs: float
+
+    def __post_init__(self) -> None:
+        _check_delay(self.delay_secs)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryBackoff:
+    """Retry after ``awa.backoff_duration(attempt, max_attempts)``, computed by the database."""
+
+
+Kind = Snooze | RetryAfter | RetryBackoff
+
+
+@dataclass(frozen=True, slots=True)
+class Rescheduled:
+    """The same canonical row, moved to ``awa.scheduled_jobs`` under the same id."""
+
+    job_id: int
+    run_at: datetime
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class Migrated:
+    """Moved to ``S.deferred_jobs`` under a fresh id from ``S.job_id_seq``."""
+
+    job_id: int
+    run_at: datetime
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class CancelledDuplicate:
+    """A newer job owns the unique key; the successor was recorded cancelled in ``S.done_entries``.
+
+    Awa's executor treats this like :class:`Stale` (no retry event) but commits the write.
+    """
+
+    job_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stale:
+    """The ``(id, running, run_lease)`` guard matched nothing; nothing was changed."""
+
+
+Outcome = Rescheduled | Migrated | CancelledDuplicate | Stale

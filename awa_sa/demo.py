@@ -1,0 +1,448 @@
+"""The ``awa-sa demo`` walk-through: every outcome, with real rows, on a database it owns.
+
+It shows rather than tells: jobs are enqueued and claimed the way a worker's claim leaves them,
+the public :func:`awa_sa.reschedule_canonical_attempt` does the work, and each row is then read
+back from wherever it landed. Nothing is faked for display.
+
+The demo always works in a database it created itself, on a throwaway server or on one the user
+names, and removes it on every way out (success, error, Ctrl-C, SIGTERM): a demo that leaves
+debris behind is not one people run twice. Output goes through the ``emit`` callable, so this
+module never prints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import textwrap
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import ModuleType
+
+import sqlalchemy as sa
+
+from awa_sa import queue_storage as qs
+from awa_sa import reschedule_canonical_attempt
+from awa_sa.embedded import EmbeddedPostgresError, embedded_postgres
+from awa_sa.kinds import (
+    CancelledDuplicate,
+    Kind,
+    Migrated,
+    Outcome,
+    Rescheduled,
+    RetryAfter,
+    RetryBackoff,
+    Snooze,
+)
+from awa_sa.status import read_status_in
+from awa_sa.tables import job_unique_claims, jobs_hot, scheduled_jobs
+
+Emit = Callable[[str], None]
+
+QS_SCHEMA = "awa_qs"
+"""A named queue-storage schema, so the output shows that routing follows the transition row."""
+
+QUEUE = "demo"
+DUPLICATE_MASK = "11001000"
+"""Unique while scheduled, available or retryable, but not while running: the running attempt
+holds no claim, so a newer duplicate can take the key meanwhile (the real race behind
+CancelledDuplicate), and the retry's successor would need the key back."""
+
+
+WORKER_ADVICE = {
+    "Rescheduled": "done; the same id runs again at run_at (its next claim brings a new lease)",
+    "Migrated": "done; the job continues in queue storage under the new id (log both ids)",
+    "CancelledDuplicate": "done; report the attempt as ignored: no retry event, no follow-up",
+    "Stale": "someone else already settled this attempt; drop the result (nothing was written)",
+}
+"""What the caller of reschedule_canonical_attempt should do next, per outcome (spec §6)."""
+
+
+class DemoUnavailable(RuntimeError):
+    """Something the demo needs (server binaries, the Alembic fixture) is not installed."""
+
+
+def _fixture_builder() -> ModuleType:
+    # Imported late on purpose: the fixture needs Alembic, which `awa-sa status` and `sql`
+    # (and the library) do not, so a missing Alembic must only cost the demo.
+    try:
+        return importlib.import_module("awa_sa_schema")
+    except ImportError as exc:
+        raise DemoUnavailable(
+            f"the demo builds its schema with Alembic, which is not installed ({exc}); "
+            "run `bash .ci/setup` or `pip install alembic`"
+        ) from exc
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A running canonical attempt as the worker that claimed it knows it."""
+
+    name: str
+    job_id: int
+    run_lease: int
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of a step's table."""
+
+    job: str
+    asks: str
+    outcome: str
+    ids: str
+    state: str
+    attempt: str
+    run_at: str
+    lives_in: str
+
+
+_HEADER = Row(
+    "job",
+    "handler asks",
+    "outcome",
+    "id before -> after",
+    "state",
+    "attempt",
+    "run_at",
+    "row now in",
+)
+
+
+def _table(rows: Sequence[Row]) -> Iterator[str]:
+    cells = [list(vars(r).values()) for r in (_HEADER, *rows)]
+    widths = [max(len(str(c[i])) for c in cells) for i in range(len(cells[0]))]
+    for n, line in enumerate(cells):
+        yield "  " + "  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+        if n == 0:
+            yield "  " + "  ".join("-" * w for w in widths)
+
+
+def _describe(kind: Kind) -> str:
+    if isinstance(kind, Snooze):
+        return f"Snooze({kind.delay_secs:g} s)"
+    if isinstance(kind, RetryAfter):
+        return f"RetryAfter({kind.delay_secs:g} s)"
+    return "RetryBackoff"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A job to enqueue: a kind plus the few columns the story varies."""
+
+    kind: str
+    attempt: int = 0
+    unique_key: bytes | None = None
+    unique_states: str | None = None
+    callback: bool = False
+
+
+def _enqueue(conn: sa.Connection, spec: JobSpec) -> int:
+    """Insert an ``available`` canonical job, as a producer on the canonical plane does."""
+    values: dict[str, object] = {
+        "kind": spec.kind,
+        "queue": QUEUE,
+        "args": {"demo": spec.kind},
+        "state": "available",
+        "attempt": spec.attempt,
+        "max_attempts": 25,
+        "metadata": {"source": "awa-sa demo"},
+        "tags": ["demo"],
+        "unique_key": spec.unique_key,
+        "unique_states": spec.unique_states,
+    }
+    if spec.callback:
+        values["callback_id"] = uuid.uuid4()
+        values["callback_timeout_at"] = sa.func.now() + sa.text("interval '1 hour'")
+    stmt = sa.insert(jobs_hot).values(values).returning(jobs_hot.c.id)
+    return int(conn.execute(stmt).scalar_one())
+
+
+def _claim(conn: sa.Connection, names: dict[int, str]) -> list[Claimed]:
+    """Move ``available`` rows to ``running`` the way a worker's claim leaves them."""
+    t = jobs_hot
+    stmt = (
+        sa.update(t)
+        .where(t.c.id.in_(list(names)), t.c.state == "available")
+        .values(
+            state="running",
+            attempt=t.c.attempt + 1,
+            run_lease=t.c.run_lease + 1,
+            attempted_at=sa.func.now(),
+            heartbeat_at=sa.func.now(),
+            deadline_at=sa.func.now() + sa.text("interval '5 minutes'"),
+        )
+        .returning(t.c.id, t.c.run_lease, t.c.attempt)
+    )
+    claimed = {int(r.id): r for r in conn.execute(stmt)}
+    return [Claimed(names[i], i, int(claimed[i].run_lease), int(claimed[i].attempt)) for i in names]
+
+
+def _enqueue_and_claim(engine: sa.Engine, specs: Sequence[JobSpec]) -> list[Claimed]:
+    with engine.begin() as conn:
+        names = {_enqueue(conn, spec): spec.kind for spec in specs}
+        return _claim(conn, names)
+
+
+def _error_entry(job: Claimed, kind: Kind) -> dict[str, object] | None:
+    """What Awa's executor appends for a failed handler; snoozes and retry-afters add none."""
+    if not isinstance(kind, RetryBackoff):
+        return None
+    return {
+        "error": "renderer crashed",
+        "attempt": job.attempt,
+        "at": datetime.now(UTC).isoformat(),
+    }
+
+
+def _in_seconds(run_at: datetime | None, now: datetime) -> str:
+    if run_at is None:
+        return "-"
+    secs = (run_at - now).total_seconds()
+    return f"in {secs:.0f} s" if secs >= 0 else f"{-secs:.0f} s ago"
+
+
+class Walkthrough:
+    """The steps, sharing one engine and a little state (ids to complete late)."""
+
+    def __init__(self, engine: sa.Engine, emit: Emit) -> None:
+        self.engine = engine
+        self.emit = emit
+
+    # -- reading back ----------------------------------------------------------------------
+
+    def _now(self) -> datetime:
+        with self.engine.connect() as conn:
+            now: datetime = conn.execute(sa.select(sa.func.now())).scalar_one()
+        return now
+
+    def _located(self, job: Claimed, kind: Kind, outcome: Outcome) -> Row:
+        """Read the successor back from the table the outcome says it is in."""
+        now = self._now()
+        asks = _describe(kind)
+        name = type(outcome).__name__
+        with self.engine.connect() as conn:
+            if isinstance(outcome, Rescheduled):
+                t = scheduled_jobs
+                row = conn.execute(
+                    sa.select(t.c.state, t.c.attempt, t.c.run_at).where(t.c.id == outcome.job_id)
+                ).one()
+                where = "awa.scheduled_jobs"
+            elif isinstance(outcome, Migrated | CancelledDuplicate):
+                t = qs.deferred_jobs if isinstance(outcome, Migrated) else qs.done_entries
+                row = (
+                    conn.execution_options(schema_translate_map=qs.translate_map(QS_SCHEMA))
+                    .execute(
+                        sa.select(t.c.state, t.c.attempt, t.c.run_at).where(
+                            t.c.job_id == outcome.job_id
+                        )
+                    )
+                    .one()
+                )
+                where = f"{QS_SCHEMA}.{t.name}"
+            else:
+                still = conn.execute(
+                    sa.select(jobs_hot.c.state).where(jobs_hot.c.id == job.job_id)
+                ).scalar()
+                where = "nothing changed" if still is None else f"unchanged (jobs_hot, {still})"
+                return Row(job.name, asks, name, f"{job.job_id} -> -", "-", "-", "-", where)
+        return Row(
+            job.name,
+            asks,
+            name,
+            f"{job.job_id} -> {outcome.job_id}",
+            str(row.state),
+            str(row.attempt),
+            _in_seconds(row.run_at, now),
+            where,
+        )
+
+    def _run(self, jobs: Sequence[tuple[Claimed, Kind]]) -> list[Row]:
+        rows = []
+        for job, kind in jobs:
+            outcome = reschedule_canonical_attempt(
+                self.engine, job.job_id, job.run_lease, kind, error=_error_entry(job, kind)
+            )
+            rows.append(self._located(job, kind, outcome))
+        return rows
+
+    def _step(self, title: str, explain: str, rows: Sequence[Row]) -> None:
+        self.emit("")
+        self.emit(title)
+        for line in textwrap.wrap(explain, width=94):
+            self.emit(f"  {line}")
+        self.emit("")
+        for line in _table(rows):
+            self.emit(line)
+        for outcome in dict.fromkeys(r.outcome for r in rows):
+            self.emit(f"  worker, on {outcome}: {WORKER_ADVICE[outcome]}")
+
+    def _status_line(self) -> str:
+        with self.engine.connect() as conn:
+            st = read_status_in(conn)
+            conn.rollback()
+        routing = st.routing_schema or "canonical"
+        return (
+            f"phase {st.phase} (epoch {st.epoch}), new writes -> {routing}, "
+            f"canonical live backlog {st.canonical_live_backlog}"
+        )
+
+    # -- the story ---------------------------------------------------------------------------
+
+    def run(self, fixture: ModuleType) -> None:
+        engine = self.engine
+        emit = self.emit
+        emit(f"cluster: {self._status_line()}")
+
+        snoozer, retrier, backer = _enqueue_and_claim(
+            engine,
+            [JobSpec("send_email"), JobSpec("charge_card"), JobSpec("render_pdf", attempt=2)],
+        )
+        self._step(
+            "1. Routing is canonical: three claimed attempts are re-scheduled in place.",
+            "Each running row leaves awa.jobs_hot and lands in awa.scheduled_jobs under the SAME "
+            "id. A snooze does not count the attempt; retries do. run_at comes from the "
+            "database clock (RetryBackoff: awa.backoff_duration, with jitter).",
+            self._run([(snoozer, Snooze(30)), (retrier, RetryAfter(45)), (backer, RetryBackoff())]),
+        )
+
+        # Claimed before the flip: these attempts are still canonical when their handlers end.
+        migrating = _enqueue_and_claim(
+            engine,
+            [
+                JobSpec("send_email"),
+                JobSpec("charge_card"),
+                JobSpec("render_pdf", attempt=2),
+                JobSpec("await_webhook", callback=True),
+                JobSpec(
+                    "sync_invoice",
+                    unique_key=hashlib.sha256(b"invoice:42").digest(),
+                    unique_states=DUPLICATE_MASK,
+                ),
+            ],
+        )
+        mover_a, mover_b, mover_c, callback_job, duplicate_job = migrating
+        with engine.begin() as conn:
+            fixture.set_phase(conn, "mixed_transition", QS_SCHEMA)
+        emit("")
+        emit(f"-- storage transition: prepared -> mixed_transition into schema {QS_SCHEMA}")
+        emit(f"cluster: {self._status_line()}")
+
+        self._step(
+            f"2. Routing flipped to {QS_SCHEMA}: attempts claimed before the flip migrate.",
+            "The canonical row is deleted and its successor is written to "
+            f"{QS_SCHEMA}.deferred_jobs under a FRESH id from {QS_SCHEMA}.job_id_seq (an "
+            "independent sequence, so ids may repeat across planes). A job with callback wiring "
+            "never migrates (deferred_jobs cannot carry it): it is re-scheduled canonically.",
+            self._run(
+                [
+                    (mover_a, Snooze(30)),
+                    (mover_b, RetryAfter(45)),
+                    (mover_c, RetryBackoff()),
+                    (callback_job, Snooze(10)),
+                ]
+            ),
+        )
+
+        newer_id = self._enqueue_newer_duplicate(duplicate_job)
+        self._step(
+            "3. A newer duplicate owns the unique key: the retry is recorded as cancelled.",
+            f"sync_invoice is unique in states {DUPLICATE_MASK} (scheduled, available, retryable "
+            "but not running), so while it ran, a newer sync_invoice "
+            f"(id {newer_id} in {QS_SCHEMA}.deferred_jobs) took the key. The retry must not "
+            f"run as well: it is recorded as a cancelled row in {QS_SCHEMA}.done_entries "
+            "and the newer job keeps the key.",
+            self._run([(duplicate_job, RetryAfter(60))]),
+        )
+
+        self._step(
+            "4. Late completions of attempts that already moved are Stale: nothing changes.",
+            "The (id, running, run_lease) guard matches no row, so the call writes nothing, takes "
+            "no sequence value and touches no claim. The worker drops the result.",
+            self._run([(snoozer, RetryBackoff()), (mover_a, Snooze(5))]),
+        )
+
+        emit("")
+        emit(f"cluster: {self._status_line()}")
+        emit(
+            "  (finalize waits until the canonical backlog is 0: "
+            "run `awa-sa status --url ...` on a real cluster)"
+        )
+
+    def _enqueue_newer_duplicate(self, job: Claimed) -> int:
+        """A producer after the flip: the job goes to queue storage and claims the key there."""
+        with self.engine.begin() as raw:
+            conn = raw.execution_options(schema_translate_map=qs.translate_map(QS_SCHEMA))
+            key = conn.execute(
+                sa.select(jobs_hot.c.unique_key).where(jobs_hot.c.id == job.job_id)
+            ).scalar_one()
+            new_id = int(conn.execute(sa.select(qs.job_id_seq.next_value())).scalar_one())
+            conn.execute(
+                sa.insert(qs.deferred_jobs).values(
+                    job_id=new_id,
+                    kind=job.name,
+                    queue=QUEUE,
+                    args={"demo": job.name},
+                    state="scheduled",
+                    priority=2,
+                    attempt=0,
+                    run_lease=0,
+                    max_attempts=25,
+                    run_at=sa.func.now() + sa.text("interval '10 minutes'"),
+                    created_at=sa.func.now(),
+                    unique_key=key,
+                    unique_states=DUPLICATE_MASK,
+                )
+            )
+            conn.execute(sa.insert(job_unique_claims).values(unique_key=key, job_id=new_id))
+        return new_id
+
+
+@contextmanager
+def _fresh_database(server: sa.URL) -> Iterator[sa.Engine]:
+    """Create a uniquely named database on *server*, yield an engine on it, then drop it."""
+    name = f"awa_sa_demo_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(server, poolclass=sa.NullPool, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        engine = sa.create_engine(server.set(database=name), poolclass=sa.NullPool)
+        try:
+            yield engine
+        finally:
+            engine.dispose()
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        admin.dispose()
+
+
+def _walk(engine: sa.Engine, emit: Emit) -> None:
+    fixture = _fixture_builder()
+    with engine.begin() as conn:
+        version = str(conn.execute(sa.text("SHOW server_version")).scalar_one()).split()[0]
+        fixture.build(conn, queue_storage_schemas=("awa", QS_SCHEMA))
+    emit(f"schema: Awa v040 fixture built by Alembic on PostgreSQL {version}; queue storage in")
+    emit(f"        schemas awa and {QS_SCHEMA}. Every row below is read back from the database.")
+    Walkthrough(engine, emit).run(fixture)
+
+
+def run(emit: Emit, server: sa.URL | None = None) -> None:
+    """Run the walk-through on a throwaway server, or in a fresh database on *server*."""
+    _fixture_builder()  # fail before starting anything if the demo cannot run at all
+    if server is not None:
+        emit(f"server: {server.render_as_string(hide_password=True)} (demo database dropped after)")
+        with _fresh_database(server) as engine:
+            _walk(engine, emit)
+        return
+    try:
+        with embedded_postgres() as pg:
+            emit(f"server: throwaway PostgreSQL in {pg.root}, port {pg.port} (removed after)")
+            with _fresh_database(sa.make_url(pg.url)) as engine:
+                _walk(engine, emit)
+    except EmbeddedPostgresError as exc:
+        raise DemoUnavailable(f"cannot start a throwaway PostgreSQL: {exc}") from exc

@@ -94,18 +94,18 @@ def _exit_on_sigterm() -> None:
 @click.option(
     "-v",
     "--verbose",
-    count=True,
-    help="Show the library's log records on stderr (-v: info, -vv: debug).",
+    is_flag=True,
+    help="Show the library's log records (logger 'awa_sa', every level) on stderr.",
 )
 @click.version_option(package_name="awa-sa")
-def main(verbose: int) -> None:
+def main(verbose: bool) -> None:
     """awa-sa: re-schedule running canonical Awa v040 attempts from SQLAlchemy Core."""
     if verbose:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
         logger = logging.getLogger("awa_sa")
         logger.addHandler(handler)
-        logger.setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
+        logger.setLevel(logging.DEBUG)
 
 
 @main.command()

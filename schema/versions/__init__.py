@@ -1,0 +1,1 @@
+"""Alembic revisions of the fixture schema (Alembic loads them by path, not by import)."""

@@ -157,7 +157,10 @@ $fn$;
 
 # Routing is decided in the database, from the table, by a STABLE function: that is what makes a
 # one-statement "lock and read" see the statement's (possibly stale) snapshot, the behaviour
-# reschedule.md section 3.3 is about. Blank engine or schema values count as missing.
+# reschedule.md section 3.3 is about. Blank handling follows what the awa-cli 0.6.9 functions
+# were observed to do (the catalog prose is looser): engine names are trimmed and blank ones
+# count as missing; a details schema counts as missing only when it is exactly '' (it is not
+# trimmed), and the marker row's schema_name is taken as it is, even when empty.
 ROUTING = """
 CREATE FUNCTION awa.active_storage_engine()
 RETURNS text
@@ -191,10 +194,8 @@ BEGIN
         RETURN NULL;
     END IF;
     RETURN COALESCE(
-        NULLIF(btrim(v_details ->> 'schema'), ''),
-        (SELECT NULLIF(btrim(b.schema_name), '')
-         FROM runtime_storage_backends AS b
-         WHERE b.backend = 'queue_storage'),
+        NULLIF(v_details ->> 'schema', ''),
+        (SELECT b.schema_name FROM runtime_storage_backends AS b WHERE b.backend = 'queue_storage'),
         'awa');
 END
 $fn$;

@@ -135,6 +135,10 @@ def reschedule_canonical_attempt(
 
 def run(conn: Connection, call: Call) -> Outcome:
     """The flow for one validated call, inside whatever transaction *conn* has."""
+    if getattr(conn.connection.dbapi_connection, "autocommit", False):
+        # Each statement would commit alone: the routing lock would be gone before the write,
+        # and the savepoints would protect nothing.
+        raise ValidationError("bind is in AUTOCOMMIT mode; the reschedule needs a transaction")
     trace = _Trace()
     try:
         outcome = _flow(conn, call, trace)

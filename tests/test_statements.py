@@ -1,0 +1,113 @@
+"""Every statement builder compiles for PostgreSQL without a database, and is cache friendly.
+
+SQLAlchemy's compiled cache keys on statement structure (and ``Table`` identity), so a builder
+must hand back the same object every time, carry values only as named bind parameters, and
+leave the queue-storage schema to ``schema_translate_map``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from sqlalchemy.dialects.postgresql import psycopg
+
+from awa_sa import queue_storage, statements
+
+DIALECT = psycopg.dialect()
+BUILDERS = statements.all_builders()
+IDS = [getattr(b, "__name__", None) or f"{b.func.__name__}{b.args}" for b in BUILDERS]  # type: ignore[attr-defined]
+
+
+def _compile(stmt: Any, schema: str | None = None) -> str:
+    kw: dict[str, Any] = {}
+    if schema is not None:
+        kw = {"schema_translate_map": queue_storage.translate_map(schema)}
+        kw["render_schema_translate"] = True
+    return str(stmt.compile(dialect=DIALECT, **kw))
+
+
+@pytest.mark.parametrize("builder", BUILDERS, ids=IDS)
+def test_same_object_every_call(builder: Callable[[], Any]) -> None:
+    assert builder() is builder()
+
+
+@pytest.mark.parametrize("builder", BUILDERS, ids=IDS)
+def test_only_named_bind_parameters(builder: Callable[[], Any]) -> None:
+    """No Python literal slipped in as an auto-named parameter (``param_1``, ``job_id_1``)."""
+    compiled = builder().compile(dialect=DIALECT)
+    assert all(name.startswith(("guard_", "b_")) for name in compiled.params), compiled.params
+
+
+@pytest.mark.parametrize("schema", ["awa", "awa_qs"])
+@pytest.mark.parametrize("builder", BUILDERS, ids=IDS)
+def test_schema_only_through_translate_map(builder: Callable[[], Any], schema: str) -> None:
+    sql = _compile(builder(), schema)
+    assert queue_storage.QS_PLACEHOLDER not in sql
+    untranslated = _compile(builder())
+    assert ("awa_qs" in untranslated) is False
+
+
+def test_routing_lock_is_a_share_lock() -> None:
+    sql = _compile(statements.routing_lock())
+    assert "FROM awa.storage_transition_state" in sql
+    assert sql.rstrip().endswith("FOR SHARE")
+
+
+@pytest.mark.parametrize("tag", ["snooze", "retry_after", "retry_backoff"])
+def test_canonical_move_reads_routing_only_when_routed(tag: statements.KindTag) -> None:
+    routed = _compile(statements.canonical_move(tag, True))
+    direct = _compile(statements.canonical_move(tag, False))
+    assert "routing AS MATERIALIZED" in routed
+    assert "awa.active_queue_storage_schema()" in routed
+    assert "active_queue_storage_schema" not in direct
+    for sql in (routed, direct):
+        assert sql.count("DELETE FROM awa.jobs_hot") == 1
+        assert sql.count("INSERT INTO awa.scheduled_jobs") == 1
+        assert "callback_id IS NULL" not in sql  # no callback exclusion canonically
+    assert ("backoff_duration(CAST(taken.attempt AS SMALLINT)" in routed) == (
+        tag == "retry_backoff"
+    )
+    assert ("make_interval" in routed) == (tag != "retry_backoff")
+
+
+def test_scheduled_insert_lists_all_27_columns() -> None:
+    sql = _compile(statements.canonical_move("snooze", False))
+    insert = sql.split("INSERT INTO awa.scheduled_jobs (", 1)[1].split(")", 1)[0]
+    assert [c.strip() for c in insert.split(",")] == [c.name for c in statements.scheduled_jobs.c]
+
+
+def test_take_excludes_callback_wiring_and_allocates_from_the_schema_sequence() -> None:
+    sql = _compile(statements.take_and_allocate("retry_after"), "awa_qs")
+    for column in statements.CALLBACK_COLUMNS:
+        assert f"awa.jobs_hot.{column} IS NULL" in sql
+    assert "nextval('awa_qs.job_id_seq')" in sql
+    assert "jobs_id_seq" not in sql
+
+
+def test_deferred_insert_lists_all_16_columns_in_order() -> None:
+    sql = _compile(statements.insert_deferred(), "awa_qs")
+    head = sql.split("INSERT INTO awa_qs.deferred_jobs (", 1)[1].split(")", 1)[0]
+    assert [c.strip() for c in head.split(",")] == [c.name for c in queue_storage.deferred_jobs.c]
+    assert "RETURNING" not in sql
+
+
+def test_claim_upsert_always_targets_schema_awa() -> None:
+    sql = _compile(statements.claim_unique_key(), "awa_qs")
+    assert "INSERT INTO awa.job_unique_claims" in sql
+    assert "ON CONFLICT (unique_key) DO UPDATE" in sql
+    assert "WHERE awa.job_unique_claims.job_id = excluded.job_id" in sql
+
+
+def test_lane_functions_take_smallints() -> None:
+    sql = _compile(statements.ensure_lane_sequences(), "awa_qs")
+    assert "awa_qs.ensure_lane_sequences(" in sql
+    assert sql.count("AS SMALLINT)") == 2
+
+
+def test_cancelled_row_and_delta_in_one_statement() -> None:
+    sql = _compile(statements.insert_cancelled(), "awa_qs")
+    assert "INSERT INTO awa_qs.done_entries" in sql
+    assert "INSERT INTO awa_qs.queue_terminal_count_deltas" in sql
+    assert "CAST('cancelled' AS awa.job_state)" in sql

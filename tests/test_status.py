@@ -1,0 +1,158 @@
+"""``awa_sa.status``: phase, routing and backlog counts, on the fixture and on a real cluster."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pytest
+import sqlalchemy as sa
+from conftest import Cluster
+
+from awa_sa import queue_storage as qs
+from awa_sa.status import (
+    NotAnAwaCluster,
+    UnsupportedSchemaVersion,
+    read_status,
+    read_status_in,
+)
+from awa_sa.tables import jobs_hot, scheduled_jobs, schema_version
+
+# phase -> (state, epoch, routing) as awa's CLI leaves them, routing to awa_qs once flipped.
+EXPECTED = {
+    "canonical": ("canonical", 0, None),
+    "prepared": ("prepared", 1, None),
+    "mixed_transition": ("mixed_transition", 2, "awa_qs"),
+    "active": ("active", 3, "awa_qs"),
+    "aborted": ("canonical", 3, None),
+}
+
+
+def add_canonical(conn: sa.Connection, table: sa.Table, states: Sequence[str]) -> None:
+    for state in states:
+        conn.execute(
+            sa.insert(table).values(
+                kind="status_test",
+                queue="q",
+                args={},
+                state=state,
+                run_lease=1 if state == "running" else 0,
+                attempt=1 if state == "running" else 0,
+            )
+        )
+
+
+def add_deferred(conn: sa.Connection, schema: str, states: Sequence[str]) -> None:
+    conn = conn.execution_options(schema_translate_map=qs.translate_map(schema))
+    for state in states:
+        new_id = conn.execute(sa.select(qs.job_id_seq.next_value())).scalar_one()
+        conn.execute(
+            sa.insert(qs.deferred_jobs).values(
+                job_id=new_id,
+                kind="status_test",
+                queue="q",
+                args={},
+                state=state,
+                priority=2,
+                attempt=0,
+                run_lease=0,
+                max_attempts=25,
+                run_at=sa.func.now(),
+                created_at=sa.func.now(),
+            )
+        )
+
+
+@pytest.mark.parametrize("phase", list(EXPECTED))
+def test_phase_and_routing(cluster: Cluster, phase: str) -> None:
+    if phase == "aborted" and cluster.kind == "fixture":
+        # The fixture's abort is relative to the current epoch: walk the CLI's path to it.
+        for step in ("prepared", "mixed_transition"):
+            cluster.set_phase(step, "awa_qs")
+    cluster.set_phase(phase, "awa_qs")
+    st = read_status(cluster.engine)
+    state, epoch, routing = EXPECTED[phase]
+    assert (st.phase, st.epoch, st.routing_schema) == (state, epoch, routing)
+    assert st.schema_version == 40
+    if phase in ("prepared", "mixed_transition", "active"):
+        assert st.queue_storage_schema == "awa_qs"
+        assert st.queue_storage_installed
+    else:
+        assert st.queue_storage_schema is None
+
+
+def test_counts_and_finalize_gate(cluster: Cluster) -> None:
+    cluster.set_phase("mixed_transition", "awa_qs")
+    with cluster.engine.begin() as conn:
+        add_canonical(conn, jobs_hot, ["running", "running", "available", "completed", "failed"])
+        add_canonical(conn, scheduled_jobs, ["scheduled", "retryable", "retryable"])
+        add_deferred(conn, "awa_qs", ["scheduled", "retryable", "retryable", "retryable"])
+        add_deferred(conn, "awa", ["scheduled"])  # not the routing target: not counted
+    st = read_status(cluster.engine)
+    assert st.jobs_hot == {"available": 1, "running": 2, "completed": 1, "failed": 1}
+    assert st.scheduled_jobs == {"scheduled": 1, "retryable": 2}
+    assert st.deferred_jobs == {"scheduled": 1, "retryable": 3}
+    assert st.canonical_live_backlog == 3 + 3
+    assert not st.finalize_ready
+    if cluster.kind == "real":
+        with cluster.engine.connect() as conn:
+            real = conn.execute(sa.select(sa.func.awa.canonical_live_backlog())).scalar_one()
+        assert real == st.canonical_live_backlog
+
+
+def test_finalize_ready_once_canonical_drains(cluster: Cluster) -> None:
+    cluster.set_phase("mixed_transition", "awa_qs")
+    with cluster.engine.begin() as conn:
+        add_canonical(conn, jobs_hot, ["completed", "cancelled"])
+        add_deferred(conn, "awa_qs", ["retryable"])
+    st = read_status(cluster.engine)
+    assert st.canonical_live_backlog == 0
+    assert st.finalize_ready
+    assert st.as_dict()["finalize_ready"] is True
+
+
+def test_prepared_without_named_schema_defaults_to_awa(cluster: Cluster) -> None:
+    cluster.set_phase("prepared", "awa")
+    st = read_status(cluster.engine)
+    assert (st.phase, st.routing_schema, st.queue_storage_schema) == ("prepared", None, "awa")
+
+
+def test_status_runs_read_only(engine: sa.Engine) -> None:
+    """The read itself is accepted by a READ ONLY transaction, so it cannot have written."""
+    with engine.connect() as conn:
+        conn.exec_driver_sql("SET TRANSACTION READ ONLY")
+        st = read_status_in(conn)
+        ro = conn.exec_driver_sql("SHOW transaction_read_only").scalar_one()
+        conn.rollback()
+    assert ro == "on"
+    assert st.phase == "canonical"
+
+
+def test_missing_singleton_reads_as_canonical(engine: sa.Engine) -> None:
+    with engine.connect() as conn:
+        conn.exec_driver_sql("DELETE FROM awa.storage_transition_state")
+        st = read_status_in(conn)
+        conn.rollback()
+    assert (st.phase, st.epoch, st.routing_schema) == ("canonical", None, None)
+
+
+def test_not_an_awa_cluster(clone_database: Callable[[str], str]) -> None:
+    engine = sa.create_engine(clone_database("template1"), poolclass=sa.NullPool)
+    with pytest.raises(NotAnAwaCluster, match="not an Awa cluster"):
+        read_status(engine)
+    engine.dispose()
+
+
+@pytest.mark.parametrize("version", [41, None])
+def test_wrong_schema_version(engine: sa.Engine, version: int | None) -> None:
+    with engine.begin() as conn:
+        if version is None:
+            conn.execute(sa.delete(schema_version))
+        else:
+            conn.execute(
+                sa.insert(schema_version).values(
+                    version=version, description="future", applied_at=sa.func.now()
+                )
+            )
+    with pytest.raises(UnsupportedSchemaVersion, match="supports v040") as info:
+        read_status(engine)
+    assert info.value.version == version

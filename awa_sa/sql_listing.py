@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.elements import ClauseElement
 
@@ -41,10 +42,15 @@ class Block:
         return f"{self.builder}({args})"
 
 
+DIALECT: Dialect = PGDialect_psycopg()  # type: ignore[no-untyped-call]
+"""psycopg 3, the driver awa-sa runs on, named explicitly: SQLAlchemy 2.0's default PostgreSQL
+dialect is psycopg2's, which renders bind parameters without their casts."""
+
+
 def compile_statement(stmt: ClauseElement, schema: str) -> str:
     """The text PostgreSQL receives for *stmt* when routed to queue-storage schema *schema*."""
     compiled = stmt.compile(
-        dialect=postgresql.dialect(),
+        dialect=DIALECT,
         schema_translate_map=queue_storage.translate_map(schema),
         render_schema_translate=True,
     )

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from conftest import Cluster, database_url
-from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 
 import awa_sa_schema
 from awa_sa import queue_storage as qs
@@ -156,7 +156,7 @@ def test_sql_lists_every_builder_exactly_as_compiled() -> None:
     # And it is the same text as compiling the builder by hand with the translate map.
     lock = str(
         statements.routing_lock().compile(
-            dialect=postgresql.dialect(),
+            dialect=PGDialect_psycopg(),
             schema_translate_map={qs.QS_PLACEHOLDER: "awa_qs"},
             render_schema_translate=True,
         )

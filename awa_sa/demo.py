@@ -435,7 +435,9 @@ def run(emit: Emit, server: sa.URL | None = None) -> None:
     """Run the walk-through on a throwaway server, or in a fresh database on *server*."""
     _fixture_builder()  # fail before starting anything if the demo cannot run at all
     if server is not None:
-        emit(f"server: {server.render_as_string(hide_password=True)} (demo database dropped after)")
+        plain = server.set(drivername=server.get_backend_name())
+        shown = plain.render_as_string(hide_password=True)
+        emit(f"server: {shown} (a demo database is created there and dropped after)")
         with _fresh_database(server) as engine:
             _walk(engine, emit)
         return

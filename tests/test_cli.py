@@ -64,8 +64,10 @@ def demo_databases(pg: EmbeddedPostgres) -> list[str]:
 
 
 def test_demo_on_existing_server(pg: EmbeddedPostgres) -> None:
-    proc = awa_sa_cmd("demo", "--url", database_url(pg, "postgres"))
+    proc = awa_sa_cmd("-v", "demo", "--url", database_url(pg, "postgres"))
     assert proc.returncode == 0, proc.stderr
+    # -v: the library's own log records (logger awa_sa) reach stderr.
+    assert re.search(r"awa_sa DEBUG .*Migrated", proc.stderr)
     for outcome in OUTCOMES:
         assert outcome in proc.stdout
     # Each outcome is reported with the table it was read back from.
@@ -332,7 +334,7 @@ def test_status_hides_password() -> None:
     assert "s3cret" not in proc.stderr
 
 
-def test_verbose_and_help() -> None:
+def test_help() -> None:
     proc = awa_sa_cmd("--help")
     assert proc.returncode == 0
     for command in ("demo", "sql", "status"):

@@ -1,0 +1,1 @@
+"""Benchmark: awa-sa against the raw-psycopg floor, in one run on one throwaway database."""

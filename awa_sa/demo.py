@@ -402,15 +402,23 @@ class Walkthrough:
         return new_id
 
 
+_CONNECT = {"connect_timeout": 10}
+"""A wrong host fails within seconds instead of looking like a hang."""
+
+
 @contextmanager
 def _fresh_database(server: sa.URL) -> Iterator[sa.Engine]:
     """Create a uniquely named database on *server*, yield an engine on it, then drop it."""
     name = f"awa_sa_demo_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(server, poolclass=sa.NullPool, isolation_level="AUTOCOMMIT")
+    admin = sa.create_engine(
+        server, poolclass=sa.NullPool, isolation_level="AUTOCOMMIT", connect_args=_CONNECT
+    )
     try:
         with admin.connect() as conn:
             conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-        engine = sa.create_engine(server.set(database=name), poolclass=sa.NullPool)
+        engine = sa.create_engine(
+            server.set(database=name), poolclass=sa.NullPool, connect_args=_CONNECT
+        )
         try:
             yield engine
         finally:
@@ -444,7 +452,11 @@ def run(emit: Emit, server: sa.URL | None = None) -> None:
     try:
         with embedded_postgres() as pg:
             emit(f"server: throwaway PostgreSQL in {pg.root}, port {pg.port} (removed after)")
-            with _fresh_database(sa.make_url(pg.url)) as engine:
+            # The whole server is deleted afterwards: its own database is as fresh as any.
+            engine = sa.create_engine(pg.url, poolclass=sa.NullPool)
+            try:
                 _walk(engine, emit)
+            finally:
+                engine.dispose()
     except EmbeddedPostgresError as exc:
         raise DemoUnavailable(f"cannot start a throwaway PostgreSQL: {exc}") from exc

@@ -29,6 +29,10 @@ _CONNECT_TIMEOUT_SECS = 10
 """Long enough for a slow network, short enough that a wrong host does not look like a hang."""
 
 
+def fail(message: str) -> NoReturn:
+    raise click.ClickException(message)
+
+
 def database_url(raw: str) -> sa.URL:
     """Parse a PostgreSQL URL as awa's own CLI accepts it (``postgres://`` included).
 
@@ -62,10 +66,6 @@ def one_line(exc: BaseException) -> str:
     orig = getattr(exc, "orig", None)
     text = str(orig if orig is not None else exc).strip()
     return text.splitlines()[0].strip() if text else type(exc).__name__
-
-
-def fail(message: str) -> NoReturn:
-    raise click.ClickException(message)
 
 
 @contextmanager
@@ -209,4 +209,3 @@ def status(url: str, as_json: bool) -> None:
         return
     for line in _status_lines(where, st):
         click.echo(line)
-

@@ -8,6 +8,7 @@ import pytest
 import sqlalchemy as sa
 from conftest import Cluster
 
+import awa_sa_schema
 from awa_sa import queue_storage as qs
 from awa_sa.status import (
     NotAnAwaCluster,
@@ -62,22 +63,57 @@ def add_deferred(conn: sa.Connection, schema: str, states: Sequence[str]) -> Non
         )
 
 
-@pytest.mark.parametrize("phase", list(EXPECTED))
-def test_phase_and_routing(cluster: Cluster, phase: str) -> None:
-    if phase == "aborted" and cluster.kind == "fixture":
-        # The fixture's abort is relative to the current epoch: walk the CLI's path to it.
-        for step in ("prepared", "mixed_transition"):
-            cluster.set_phase(step, "awa_qs")
-    cluster.set_phase(phase, "awa_qs")
+# awa's CLI step that enters each phase from the one before it (fixture_scope.md section 7).
+CLI_STEP = {
+    "prepared": (
+        "storage",
+        "prepare",
+        "--engine",
+        "queue_storage",
+        "--details",
+        '{"schema": "awa_qs"}',
+    ),
+    "mixed_transition": ("storage", "enter-mixed-transition", "--quiesced"),
+    "active": ("storage", "finalize"),
+    "aborted": ("storage", "abort"),
+}
+
+
+def advance(cluster: Cluster, phase: str) -> None:
+    """One step along the transition, the way the cluster's own tooling takes it."""
+    if cluster.kind == "real":
+        cluster.awa(*CLI_STEP[phase])
+    else:
+        with cluster.engine.begin() as conn:
+            awa_sa_schema.set_phase(conn, phase, "awa_qs")
+
+
+def check_phase(cluster: Cluster, phase: str) -> None:
     st = read_status(cluster.engine)
     state, epoch, routing = EXPECTED[phase]
-    assert (st.phase, st.epoch, st.routing_schema) == (state, epoch, routing)
+    assert (st.phase, st.epoch, st.routing_schema) == (state, epoch, routing), phase
     assert st.schema_version == 40
     if phase in ("prepared", "mixed_transition", "active"):
         assert st.queue_storage_schema == "awa_qs"
         assert st.queue_storage_installed
     else:
         assert st.queue_storage_schema is None
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        ("canonical", "prepared", "mixed_transition", "active"),
+        ("canonical", "prepared", "mixed_transition", "aborted"),
+    ],
+    ids=["to-active", "to-abort"],
+)
+def test_phase_and_routing(cluster: Cluster, path: tuple[str, ...]) -> None:
+    """Each phase along a transition path, read after the step that entered it."""
+    check_phase(cluster, path[0])
+    for phase in path[1:]:
+        advance(cluster, phase)
+        check_phase(cluster, phase)
 
 
 def test_counts_and_finalize_gate(cluster: Cluster) -> None:

@@ -5,17 +5,25 @@ awa CLI; agreement on the latter is what makes agreement on the former mean some
 are read with PostgreSQL's own printers (``format_type``, ``pg_get_expr``,
 ``pg_get_constraintdef``, ``pg_get_indexdef``, ``pg_get_triggerdef``, ``pg_get_partkeydef``,
 ``pg_get_function_*``), exactly as the JSON was produced, so equal text means equal DDL.
+
+Also here: :func:`cloned_database`, a module-wide private copy of a template database, because
+catalog reads are read-only and a clone per test would dominate the suite's run time.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from pytest_postgresql.janitor import DatabaseJanitor
+
+from awa_sa.embedded import EmbeddedPostgres
 
 CATALOG_PATH = Path("/work/shared/spec/v040_catalog.json")
 
@@ -483,3 +491,26 @@ def read_seed_rows(conn: sa.Connection, queue_storage_schemas: Iterable[str]) ->
         "schema_versions": list(versions.scalars()),
         "queue_ring_state": rings,
     }
+
+
+# ---------------------------------------------------------------------- shared clones
+
+
+@contextmanager
+def cloned_database(pg: EmbeddedPostgres, template: str) -> Iterator[sa.Engine]:
+    """A private copy of *template* for a whole test module.
+
+    Cloning a template costs a second or more (several for the awa-cli one), so read-only
+    checks and tests that roll their transaction back share one copy instead of one each.
+    """
+    name = f"shared_{uuid.uuid4().hex[:16]}"
+    janitor = DatabaseJanitor(
+        user=pg.user, host=pg.host, port=pg.port, dbname=name, template_dbname=template
+    )
+    janitor.init()
+    engine = sa.create_engine(f"postgresql+psycopg://{pg.user}@{pg.host}:{pg.port}/{name}")
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+        janitor.drop()

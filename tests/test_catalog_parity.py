@@ -1,18 +1,24 @@
 """The Alembic fixture agrees with ``v040_catalog.json`` for every object it creates.
 
 The catalog was dumped from a database built by awa-cli 0.6.9. The same reader is also run
-against such a database (``real_engine``): if the reader mis-read a fact, the real cluster would
-disagree with its own dump, so a clean fixture result cannot be the reader's blind spot.
+against such a database: if the reader mis-read a fact, the real cluster would disagree with
+its own dump, so a clean fixture result cannot be the reader's blind spot.
+
+Every test reads one module-wide clone per template; tests that change the schema (drift, a
+late substrate) do it inside a transaction that is rolled back, since PostgreSQL DDL is
+transactional.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
 from catalog_facts import (
     Facts,
+    cloned_database,
     diff,
     expected_objects,
     expected_seed_rows,
@@ -23,6 +29,7 @@ from catalog_facts import (
 )
 
 import awa_sa_schema
+from awa_sa.embedded import EmbeddedPostgres
 
 SCHEMAS = ("awa", "awa_qs")
 
@@ -79,32 +86,56 @@ def expected(catalog: Facts) -> dict[str, Facts]:
     return expected_objects(catalog)
 
 
-def _live(engine: sa.Engine, schemas: tuple[str, ...] = SCHEMAS) -> dict[str, Facts]:
+@pytest.fixture(scope="module")
+def fixture_db(pg: EmbeddedPostgres, fixture_template: str) -> Iterator[sa.Engine]:
+    with cloned_database(pg, fixture_template) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def awa_cli_db(pg: EmbeddedPostgres, real_template: str) -> Iterator[sa.Engine]:
+    with cloned_database(pg, real_template) as engine:
+        yield engine
+
+
+@pytest.fixture
+def fixture_conn(fixture_db: sa.Engine) -> Iterator[sa.Connection]:
+    with fixture_db.connect() as conn:
+        conn.begin()
+        try:
+            yield conn
+        finally:
+            conn.rollback()
+
+
+def _live(engine: sa.Engine) -> dict[str, Facts]:
     with engine.connect() as conn:
-        return live_objects(conn, schemas)
+        return live_objects(conn, SCHEMAS)
 
 
-def test_fixture_objects_match_the_catalog(engine: sa.Engine, expected: dict[str, Facts]) -> None:
-    assert object_diff(expected, _live(engine)) == []
+def test_fixture_objects_match_the_catalog(
+    fixture_db: sa.Engine, expected: dict[str, Facts]
+) -> None:
+    assert object_diff(expected, _live(fixture_db)) == []
 
 
 def test_fixture_creates_the_catalog_minus_the_documented_omissions(
-    engine: sa.Engine, expected: dict[str, Facts]
+    fixture_db: sa.Engine, expected: dict[str, Facts]
 ) -> None:
-    live = _live(engine)
+    live = _live(fixture_db)
     assert sorted(expected.keys() - live.keys()) == sorted(OMITTED)
     assert sorted(live.keys() - expected.keys()) == []
 
 
 def test_reader_agrees_with_a_cluster_built_by_awa_cli(
-    real_engine: sa.Engine, expected: dict[str, Facts]
+    awa_cli_db: sa.Engine, expected: dict[str, Facts]
 ) -> None:
-    live = _live(real_engine)
+    live = _live(awa_cli_db)
     assert sorted(expected.keys() - live.keys()) == []
     assert object_diff(expected, live) == []
 
 
-@pytest.mark.parametrize("source", ["engine", "real_engine"])
+@pytest.mark.parametrize("source", ["fixture_db", "awa_cli_db"])
 def test_seed_rows_match_the_catalog(
     request: pytest.FixtureRequest, source: str, catalog: Facts
 ) -> None:
@@ -113,11 +144,12 @@ def test_seed_rows_match_the_catalog(
         assert diff(expected_seed_rows(catalog), read_seed_rows(conn, SCHEMAS)) == []
 
 
-def test_a_substrate_added_later_matches_the_catalog(engine: sa.Engine, catalog: Facts) -> None:
+def test_a_substrate_added_later_matches_the_catalog(
+    fixture_conn: sa.Connection, catalog: Facts
+) -> None:
     """install_queue_storage on an existing fixture yields awa_qs's facts under the new name."""
-    with engine.begin() as conn:
-        awa_sa_schema.install_queue_storage(conn, "tenant_7")
-        awa_sa_schema.install_queue_storage(conn, "tenant_7")  # a second call changes nothing
+    awa_sa_schema.install_queue_storage(fixture_conn, "tenant_7")
+    awa_sa_schema.install_queue_storage(fixture_conn, "tenant_7")  # a second call changes nothing
     renamed = json.loads(
         json.dumps(catalog["queue_storage_schemas"]["awa_qs"]).replace("awa_qs", "tenant_7")
     )
@@ -131,7 +163,7 @@ def test_a_substrate_added_later_matches_the_catalog(engine: sa.Engine, catalog:
         }
     )
     wanted = {k: v for k, v in everything.items() if "reserve_enqueue_seq" not in k}
-    live = _live(engine, ("tenant_7",))
+    live = live_objects(fixture_conn, ["tenant_7"])
     assert sorted(live) == sorted(wanted)
     assert object_diff(wanted, live) == []
 
@@ -170,8 +202,7 @@ def test_a_substrate_added_later_matches_the_catalog(engine: sa.Engine, catalog:
     ],
 )
 def test_drift_is_reported_as_exactly_that_difference(
-    engine: sa.Engine, expected: dict[str, Facts], ddl: str, expected_lines: list[str]
+    fixture_conn: sa.Connection, expected: dict[str, Facts], ddl: str, expected_lines: list[str]
 ) -> None:
-    with engine.begin() as conn:
-        conn.exec_driver_sql(ddl)
-    assert object_diff(expected, _live(engine)) == expected_lines
+    fixture_conn.exec_driver_sql(ddl)
+    assert object_diff(expected, live_objects(fixture_conn, SCHEMAS)) == expected_lines

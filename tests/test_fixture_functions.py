@@ -13,6 +13,7 @@ point is what other sessions see after a commit use ``any_engine``, a fresh clon
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import subprocess
 import sys
@@ -812,6 +813,50 @@ def test_ensure_lane_sequences_creates_and_repairs(conn: sa.Connection, schema: 
     conn.execute(sa.text(f"SELECT {q}.ensure_lane_sequences('bulk', {BULK_LANE})"))
     repaired = conn.execute(sa.text(f"SELECT seq_name FROM {q}.queue_enqueue_heads"))
     assert repaired.scalar_one() == f"queue_enqueue_seq_{lane}"
+
+
+# ------------------------------------------------------------------------- notification
+
+
+def test_available_inserts_notify_the_queue_channel(any_engine: sa.Engine) -> None:
+    with any_engine.connect() as listener:
+        listener.execute(sa.text('LISTEN "awa:mail"'))
+        listener.commit()
+        with any_engine.begin() as conn:
+            conn.execute(sa.text("INSERT INTO awa.jobs_hot (kind, queue) VALUES ('k', 'mail')"))
+            conn.execute(
+                sa.text(
+                    "INSERT INTO awa.jobs_hot (kind, queue, run_at) "
+                    "VALUES ('k', 'mail', now() + interval '1 hour')"
+                )
+            )
+            conn.execute(
+                sa.text(
+                    "INSERT INTO awa.jobs_hot (kind, queue, state) VALUES ('k', 'mail', 'running')"
+                )
+            )
+        driver = listener.connection.driver_connection
+        assert driver is not None
+        received = [(n.channel, n.payload) for n in driver.notifies(timeout=0.5, stop_after=2)]
+    assert received == [("awa:mail", "")]
+
+
+# ------------------------------------------------------------------------- build()
+
+
+def test_build_on_a_database_at_head_adds_only_missing_substrates(
+    fixture_conn: sa.Connection,
+) -> None:
+    root = logging.getLogger()
+    before = (list(root.handlers), root.level, logging.getLogger("alembic").level)
+    awa_sa_schema.build(fixture_conn, ("awa", "awa_qs", "tenant_y"))
+    assert awa_sa_schema.has_queue_storage(fixture_conn, "tenant_y")
+    assert fixture_conn.in_transaction()  # the caller's transaction was not committed
+    assert (list(root.handlers), root.level, logging.getLogger("alembic").level) == before
+    with pytest.raises(ValueError, match="invalid queue-storage schema name"):
+        awa_sa_schema.build(fixture_conn, ("awa", "select * from"))
+    with pytest.raises(ValueError, match="would truncate"):
+        awa_sa_schema.install_queue_storage(fixture_conn, "x" * 39)
 
 
 # ----------------------------------------------------------------------- the Alembic CLI

@@ -46,7 +46,7 @@ CANONICAL_TABLES = (
     "awa.runtime_storage_backends",
 )
 CALLBACK_VALUES: dict[str, str] = {
-    "callback_id": "CAST('6f1c2d3e-4b5a-4c6d-8e7f-001122334455' AS uuid)",
+    "callback_id": "gen_random_uuid()",  # unique: idx_awa_jobs_hot_callback_id
     "callback_timeout_at": "now() + interval '1 hour'",
     "callback_filter": "'status == 200'",
     "callback_on_complete": "'done'",
@@ -170,7 +170,7 @@ def row_text(conn: sa.Connection, table: str, where: str, **params: Any) -> dict
         sa.text(f"SELECT key, value FROM {table} t, jsonb_each_text(to_jsonb(t)) WHERE {where}"),
         params,
     )
-    return {k: v for k, v in pairs} or None
+    return dict(pairs.all()) or None
 
 
 def marks(conn: sa.Connection) -> Counter[tuple[str, str, dt.datetime]]:

@@ -13,6 +13,7 @@ catalog reads are read-only and a clone per test would dominate the suite's run 
 from __future__ import annotations
 
 import json
+import os
 import re
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -25,7 +26,14 @@ from pytest_postgresql.janitor import DatabaseJanitor
 
 from awa_sa.embedded import EmbeddedPostgres
 
-CATALOG_PATH = Path("/work/shared/spec/v040_catalog.json")
+# The spec's catalog, vendored next to the fixture it describes so that a clean clone can run the
+# suite; AWA_SA_CATALOG points elsewhere (test_catalog_parity checks it equals the shared spec).
+CATALOG_PATH = Path(
+    os.environ.get(
+        "AWA_SA_CATALOG", Path(__file__).resolve().parents[1] / "schema" / "v040_catalog.json"
+    )
+)
+SHARED_SPEC_CATALOG = Path("/work/shared/spec/v040_catalog.json")
 
 # Facts in the JSON that are prose for humans, not something a catalog query can return.
 PROSE_KEYS = frozenset({"description", "row_and_advisory_locks_taken"})

@@ -239,7 +239,10 @@ def take_and_allocate(tag: KindTag) -> Select[Any]:
     metadata_type = func.jsonb_typeof(taken.c.metadata, type_=Text)
     new_id = cast(qs.job_id_seq.next_value(), BigInteger)
     retryable = tag != "snooze"
+    # run_at first: PostgreSQL evaluates the list in order, so an overflowing run_at (22008)
+    # fails before nextval and burns no id.
     return select(
+        _run_at(taken, tag).label("run_at"),
         case((metadata_type == literal_column("'object'"), new_id)).label("job_id"),
         taken.c.kind,
         taken.c.queue,
@@ -249,7 +252,6 @@ def take_and_allocate(tag: KindTag) -> Select[Any]:
         _successor_attempt(taken, tag).label("attempt"),
         taken.c.run_lease,
         taken.c.max_attempts,
-        _run_at(taken, tag).label("run_at"),
         cast(taken.c.attempted_at, Text).label("attempted_at"),
         (cast(func.now(), Text) if retryable else cast(null(), Text)).label("finalized_at"),
         cast(taken.c.created_at, Text).label("created_at"),

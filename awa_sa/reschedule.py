@@ -167,9 +167,9 @@ def _flow(conn: Connection, call: Call, trace: _Trace) -> Outcome:
     if _execute(conn, statements.routing_lock()).first() is None:
         trace.routing = "canonical (no transition singleton)"
         return _canonical(conn, call)
+    trace.routing = "canonical"  # the only routing under which the next statement can fail
     row = _execute(conn, statements.canonical_move(call.tag, True), call.params).one()
     if row.s is None:
-        trace.routing = "canonical"
         return Rescheduled(row.id, row.run_at, row.attempt) if row.id is not None else Stale()
     schema: str = row.s
     trace.routing = schema

@@ -1,0 +1,248 @@
+"""Both transaction forms, sync and async: Engine (own transaction), Connection (the caller's).
+
+The Connection form must commit or roll back atomically with the caller's own writes, and never
+commit by itself; the async face must behave the same through ``run_sync``. Also here: the
+statement budget, compiled-cache hits and the one DEBUG record per call.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+import awa_sa.asyncio as awa_async
+import awa_sa_schema
+from awa_sa import (
+    CancelledDuplicate,
+    DatabaseError,
+    Migrated,
+    Rescheduled,
+    RetryAfter,
+    RetryBackoff,
+    Snooze,
+    Stale,
+    UniqueConflict,
+    ValidationError,
+    reschedule_canonical_attempt,
+)
+from tests.jobs import insert_holder, insert_job, scalar, snapshot_of
+
+PHASES = [("canonical", Rescheduled), ("mixed_transition", Migrated)]
+
+OWN_WRITE = sa.text("INSERT INTO awa.admin_dirty_kind_marks (kind) VALUES ('caller-write')")
+OWN_WRITES = "SELECT count(*) FROM awa.admin_dirty_kind_marks WHERE kind = 'caller-write'"
+
+
+def _set_phase(engine: sa.Engine, phase: str) -> None:
+    with engine.begin() as conn:
+        awa_sa_schema.set_phase(conn, phase, "awa_qs")
+
+
+def _new_job(engine: sa.Engine, **kw: Any) -> int:
+    with engine.begin() as conn:
+        return insert_job(conn, **kw)
+
+
+def _state(engine: sa.Engine, job: int) -> str | None:
+    with engine.connect() as conn:
+        return scalar(conn, "SELECT state::text FROM awa.jobs_hot WHERE id = :i", i=job)
+
+
+def _own_writes(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return int(scalar(conn, OWN_WRITES))
+
+
+@pytest.mark.parametrize(("phase", "expected"), PHASES)
+def test_engine_form_commits_its_own_transaction(
+    engine: sa.Engine, phase: str, expected: type
+) -> None:
+    _set_phase(engine, phase)
+    job = _new_job(engine)
+    assert isinstance(reschedule_canonical_attempt(engine, job, 1, Snooze(5)), expected)
+    assert _state(engine, job) is None  # visible to a fresh connection: committed
+
+
+@pytest.mark.parametrize(("phase", "expected"), PHASES)
+def test_connection_form_joins_the_callers_transaction(
+    engine: sa.Engine, phase: str, expected: type
+) -> None:
+    _set_phase(engine, phase)
+    kept, dropped = _new_job(engine), _new_job(engine)
+
+    with engine.connect() as conn:
+        conn.execute(OWN_WRITE)  # autobegun: the caller owns this transaction
+        assert isinstance(reschedule_canonical_attempt(conn, dropped, 1, Snooze(5)), expected)
+        assert conn.in_transaction()
+        assert _state(engine, dropped) == "running"  # nothing committed behind our back
+        conn.rollback()
+    assert _state(engine, dropped) == "running"
+    assert _own_writes(engine) == 0
+
+    with engine.begin() as conn:
+        conn.execute(OWN_WRITE)
+        assert isinstance(reschedule_canonical_attempt(conn, kept, 1, Snooze(5)), expected)
+        assert _state(engine, kept) == "running"
+    assert _state(engine, kept) is None
+    assert _own_writes(engine) == 1
+
+
+def test_connection_form_error_in_queue_storage_leaves_the_caller_usable(
+    engine: sa.Engine,
+) -> None:
+    """The queue-storage branch runs in a savepoint: an error after the take undoes only it."""
+    _set_phase(engine, "mixed_transition")
+    bad_meta = _new_job(engine, metadata="[1]")
+    overflow = _new_job(engine, attempt=44)
+    before = snapshot_of(engine)
+    with engine.begin() as conn:
+        conn.execute(OWN_WRITE)
+        with pytest.raises(ValidationError):
+            reschedule_canonical_attempt(conn, bad_meta, 1, Snooze(5))
+        with pytest.raises(DatabaseError):
+            reschedule_canonical_attempt(conn, overflow, 1, RetryBackoff())
+        conn.execute(OWN_WRITE)  # still usable
+    after = snapshot_of(engine)
+    assert _own_writes(engine) == 2
+    after["awa.admin_dirty_kind_marks"] = before["awa.admin_dirty_kind_marks"]
+    assert after == before
+
+
+def test_connection_form_canonical_conflict_aborts_the_callers_transaction(
+    engine: sa.Engine,
+) -> None:
+    """Awa's canonical behaviour: the failed statement aborts the transaction; roll it back."""
+    job = _new_job(engine, unique_key=b"k", unique_states="11000000")
+    with engine.begin() as conn:
+        insert_holder(conn, b"k", "11000000")
+    with engine.connect() as conn:
+        conn.execute(OWN_WRITE)
+        with pytest.raises(UniqueConflict):
+            reschedule_canonical_attempt(conn, job, 1, Snooze(5))
+        with pytest.raises(sa.exc.InternalError):  # in_failed_sql_transaction
+            conn.execute(sa.text("SELECT 1"))
+        conn.rollback()
+    assert _state(engine, job) == "running"
+    assert _own_writes(engine) == 0
+
+
+@pytest.mark.parametrize(("phase", "expected"), PHASES)
+async def test_async_engine_form(
+    engine: sa.Engine, async_engine: AsyncEngine, phase: str, expected: type
+) -> None:
+    _set_phase(engine, phase)
+    job = _new_job(engine, unique_key=b"k", unique_states="11111000")
+    outcome = await awa_async.reschedule_canonical_attempt(
+        async_engine, job, 1, RetryAfter(2.5), error={"e": 1}, progress=[1]
+    )
+    assert isinstance(outcome, expected)
+    assert _state(engine, job) is None
+    assert await awa_async.reschedule_canonical_attempt(async_engine, job, 1, Snooze(1)) == Stale()
+
+
+@pytest.mark.parametrize(("phase", "expected"), PHASES)
+async def test_async_connection_form(
+    engine: sa.Engine, async_engine: AsyncEngine, phase: str, expected: type
+) -> None:
+    _set_phase(engine, phase)
+    kept, dropped = _new_job(engine), _new_job(engine)
+    async with async_engine.connect() as conn:
+        await conn.execute(OWN_WRITE)
+        outcome = await awa_async.reschedule_canonical_attempt(conn, dropped, 1, Snooze(5))
+        assert isinstance(outcome, expected)
+        assert _state(engine, dropped) == "running"
+        await conn.rollback()
+    assert _state(engine, dropped) == "running"
+    async with async_engine.begin() as conn:
+        await conn.execute(OWN_WRITE)
+        outcome = await awa_async.reschedule_canonical_attempt(conn, kept, 1, Snooze(5))
+        assert isinstance(outcome, expected)
+    assert _state(engine, kept) is None
+    assert _own_writes(engine) == 1
+
+
+# -- statement budget, cache, logging ------------------------------------------------------
+
+
+@pytest.fixture
+def statements(engine: sa.Engine) -> Iterator[list[tuple[str, str]]]:
+    """Every statement sent on *engine*, with whether its compiled form came from the cache."""
+    seen: list[tuple[str, str]] = []
+
+    def record(*args: Any) -> None:
+        sql, context = args[2], args[4]
+        cached = str(context.cache_hit).rsplit(".", 1)[-1] if context.compiled is not None else ""
+        seen.append((sql.split(maxsplit=1)[0].upper() if sql.strip() else sql, cached))
+
+    event.listen(engine, "before_cursor_execute", record)
+    yield seen
+    event.remove(engine, "before_cursor_execute", record)
+
+
+def test_canonical_path_is_two_statements(engine: sa.Engine, statements: list[Any]) -> None:
+    jobs = [_new_job(engine) for _ in range(4)]
+    with engine.begin() as conn:
+        statements.clear()
+        assert isinstance(reschedule_canonical_attempt(conn, jobs[0], 1, Snooze(1)), Rescheduled)
+        assert [s for s, _ in statements] == ["SELECT", "WITH"]
+    statements.clear()
+    assert isinstance(reschedule_canonical_attempt(engine, jobs[1], 1, RetryBackoff()), Rescheduled)
+    assert [s for s, _ in statements] == ["SELECT", "WITH"]  # plus the driver's BEGIN/COMMIT
+    statements.clear()
+    assert reschedule_canonical_attempt(engine, 999, 1, RetryBackoff()) == Stale()
+    assert [s for s, _ in statements] == ["SELECT", "WITH"]
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM awa.storage_transition_state"))
+    statements.clear()
+    assert isinstance(reschedule_canonical_attempt(engine, jobs[2], 1, Snooze(1)), Rescheduled)
+    assert [s for s, _ in statements] == ["SELECT", "WITH"]  # no singleton: no routing read
+
+
+def test_compiled_cache_hits_across_calls_and_schemas(
+    engine: sa.Engine, statements: list[Any]
+) -> None:
+    """Built once, translated per call: after one warm-up nothing compiles, whatever the schema."""
+    for round_, schema in enumerate(("awa_qs", "awa_qs", "awa")):
+        with engine.begin() as conn:
+            awa_sa_schema.set_phase(conn, "mixed_transition", schema)
+        key = f"{round_}".encode()
+        job = _new_job(engine, unique_key=key, unique_states="11000000")
+        dup = _new_job(engine, unique_key=key + b"d", unique_states="11000010")
+        with engine.begin() as conn:
+            insert_holder(conn, key + b"d", "11000010")
+        if round_ == 1:
+            statements.clear()  # the first round warmed the cache
+        assert isinstance(reschedule_canonical_attempt(engine, job, 1, Snooze(1)), Migrated)
+        assert isinstance(
+            reschedule_canonical_attempt(engine, dup, 1, Snooze(1)), CancelledDuplicate
+        )
+    cached = [c for _, c in statements if c and c != "NO_CACHE_KEY"]  # savepoints have no key
+    assert len(cached) > 20
+    assert set(cached) == {"CACHE_HIT"}, statements
+
+
+def test_one_debug_record_per_call(engine: sa.Engine, caplog: pytest.LogCaptureFixture) -> None:
+    ok = _new_job(engine)
+    conflict = _new_job(engine, unique_key=b"k", unique_states="11000000")
+    with engine.begin() as conn:
+        insert_holder(conn, b"k", "11000000")
+    with caplog.at_level(logging.DEBUG, logger="awa_sa"):
+        reschedule_canonical_attempt(engine, ok, 1, Snooze(1))
+        reschedule_canonical_attempt(engine, 999, 1, RetryAfter(1))
+        with pytest.raises(UniqueConflict):
+            reschedule_canonical_attempt(engine, conflict, 1, Snooze(1))
+    records = [r for r in caplog.records if r.name == "awa_sa"]
+    assert [
+        (r.levelno, r.awa_job_id, r.awa_kind, r.awa_routing, r.awa_outcome) for r in records
+    ] == [  # type: ignore[attr-defined]
+        (logging.DEBUG, ok, "Snooze", "canonical", "Rescheduled"),
+        (logging.DEBUG, 999, "RetryAfter", "canonical", "Stale"),
+        (logging.DEBUG, conflict, "Snooze", "canonical", "error UniqueConflict"),
+    ]
+    assert f"job_id={ok}" in records[0].getMessage()

@@ -1,0 +1,132 @@
+"""The statements each path sends, in order (reschedule.md §5.9, queue_storage.md §9).
+
+The canonical path has a budget of two statements; the queue-storage path keeps Awa's
+observable order (claim before insert, savepoints a and b, ring read, five lane statements,
+clock, cancelled row, last resort) with the take and the allocation merged into one statement,
+the cancelled row and its delta merged into another, and one savepoint around the whole branch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import event
+
+import awa_sa_schema
+from awa_sa import (
+    CancelledDuplicate,
+    Migrated,
+    Rescheduled,
+    Snooze,
+    Stale,
+    reschedule_canonical_attempt,
+)
+from tests.jobs import insert_holder, insert_job
+
+PREFIXES = [
+    ("RELEASE SAVEPOINT", "release"),
+    ("ROLLBACK TO SAVEPOINT", "rollback to"),
+    ("SAVEPOINT", "savepoint"),
+]
+LABELS = [  # first match wins
+    ("FOR SHARE", "lock"),
+    ("active_queue_storage_schema", "routing+move"),
+    ("nextval(", "take+allocate"),
+    ("INSERT INTO awa.scheduled_jobs", "move"),
+    ("INSERT INTO awa.job_unique_claims", "claim"),
+    (".deferred_jobs", "deferred"),
+    (".queue_ring_state", "ring"),
+    ("pg_advisory_xact_lock", "lane lock"),
+    (".queue_lanes", "lane"),
+    (".queue_enqueue_heads", "enqueue head"),
+    (".queue_claim_heads", "claim head"),
+    (".ensure_lane_sequences(", "lane sequences"),
+    ("clock_timestamp()", "clock"),
+    (".done_entries", "cancelled+delta"),
+]
+
+
+def _label(sql: str) -> str:
+    for prefix, label in PREFIXES:
+        if sql.startswith(prefix):
+            return label
+    return next((label for needle, label in LABELS if needle in sql), sql)
+
+
+@pytest.fixture
+def sent(engine: sa.Engine) -> Iterator[list[str]]:
+    seen: list[str] = []
+
+    def record(*args: Any) -> None:
+        seen.append(_label(args[2]))
+
+    event.listen(engine, "before_cursor_execute", record)
+    yield seen
+    event.remove(engine, "before_cursor_execute", record)
+
+
+def _run(engine: sa.Engine, sent: list[str], job: int, lease: int = 1) -> Any:
+    sent.clear()
+    return reschedule_canonical_attempt(engine, job, lease, Snooze(1))
+
+
+def test_canonical_paths(engine: sa.Engine, sent: list[str]) -> None:
+    with engine.begin() as conn:
+        job = insert_job(conn)
+    assert isinstance(_run(engine, sent, job), Rescheduled)
+    assert sent == ["lock", "routing+move"]
+    assert _run(engine, sent, job) == Stale()
+    assert sent == ["lock", "routing+move"]
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM awa.storage_transition_state"))
+        job = insert_job(conn)
+    assert isinstance(_run(engine, sent, job), Rescheduled)
+    assert sent == ["lock", "move"]
+
+
+def test_queue_storage_paths(engine: sa.Engine, sent: list[str]) -> None:
+    with engine.begin() as conn:
+        awa_sa_schema.set_phase(conn, "mixed_transition", "awa_qs")
+        plain = insert_job(conn)
+        claimed = insert_job(conn, unique_key=b"c", unique_states="11111000")
+        wired = insert_job(conn, callbacks=["callback_on_fail"])
+        row9 = insert_job(conn, unique_key=b"9", unique_states="11000000")
+        row10 = insert_job(conn, unique_key=b"10", unique_states="11000010")
+        insert_holder(conn, b"9", "11000000")
+        insert_holder(conn, b"10", "11000010")
+    head = ["lock", "routing+move", "savepoint", "take+allocate"]
+
+    assert isinstance(_run(engine, sent, plain), Migrated)
+    assert sent == [*head, "savepoint", "deferred", "release", "release"]
+
+    assert isinstance(_run(engine, sent, claimed), Migrated)
+    assert sent == [*head, "savepoint", "claim", "deferred", "release", "release"]
+
+    assert _run(engine, sent, claimed) == Stale()  # take and fall-through both miss
+    assert sent == [*head, "move", "release"]
+
+    assert isinstance(_run(engine, sent, wired), Rescheduled)
+    assert sent == [*head, "move", "release"]
+
+    lane = ["ring", "lane lock", "lane", "enqueue head", "claim head", "lane sequences", "clock"]
+    assert isinstance(_run(engine, sent, row9), CancelledDuplicate)
+    assert sent == [
+        *head,
+        *["savepoint", "claim", "rollback to"],
+        *lane,
+        *["savepoint", "cancelled+delta", "release"],
+        "release",
+    ]
+
+    assert isinstance(_run(engine, sent, row10), CancelledDuplicate)
+    assert sent == [
+        *head,
+        *["savepoint", "claim", "rollback to"],
+        *lane,
+        *["savepoint", "claim", "rollback to"],
+        "cancelled+delta",  # last resort: no savepoint
+        "release",
+    ]

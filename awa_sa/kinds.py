@@ -13,7 +13,8 @@ from datetime import datetime
 from awa_sa.errors import ValidationError
 
 
-def _check_delay(delay_secs: object) -> None:
+def check_delay(delay_secs: object) -> None:
+    """Refuse a delay PostgreSQL would mangle or reject, before any statement is built."""
     # bool is an int, and `Snooze(True)` is a bug, not one second.
     if isinstance(delay_secs, bool) or not isinstance(delay_secs, int | float):
         raise ValidationError(f"delay_secs must be a number of seconds, got {delay_secs!r}")
@@ -33,7 +34,7 @@ class Snooze:
     delay_secs: float
 
     def __post_init__(self) -> None:
-        _check_delay(self.delay_secs)
+        check_delay(self.delay_secs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +44,7 @@ class RetryAfter:
     delay_secs: float
 
     def __post_init__(self) -> None:
-        _check_delay(self.delay_secs)
+        check_delay(self.delay_secs)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -39,7 +39,7 @@ from awa_sa.kinds import (
     RetryBackoff,
     Snooze,
     Stale,
-    _check_delay,
+    check_delay,
 )
 from awa_sa.queue_storage import translate_map
 from awa_sa.tables import JOB_STATES
@@ -68,19 +68,18 @@ class Call:
 class _Trace:
     routing: str = "?"
     outcome: str = "error"
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def prepare(
     job_id: object, run_lease: object, kind: object, error: object, progress: object
 ) -> Call:
     """Validate every input before anything reaches the database (spec §1)."""
-    _check_bigint("job_id", job_id)
-    _check_bigint("run_lease", run_lease)
+    job_id = _bigint("job_id", job_id)
+    run_lease = _bigint("run_lease", run_lease)
     delay: float | None = None
     tag: statements.KindTag
     if isinstance(kind, Snooze | RetryAfter):
-        _check_delay(kind.delay_secs)
+        check_delay(kind.delay_secs)
         delay = float(kind.delay_secs)
         now = time.time()
         if not _RUN_AT_MIN - now <= delay <= _RUN_AT_MAX - now:
@@ -99,7 +98,6 @@ def prepare(
         "b_error": _json_text("error", error),
         "b_progress": _json_text("progress", progress),
     }
-    assert isinstance(job_id, int)
     return Call(job_id=job_id, kind=kind, tag=tag, params=params)
 
 
@@ -295,11 +293,12 @@ def rfc3339_now() -> str:
     return f"{stamp}{fraction}+00:00"
 
 
-def _check_bigint(name: str, value: object) -> None:
+def _bigint(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValidationError(f"{name} must be an int, got {type(value).__name__}")
     if not _BIGINT_MIN <= value <= _BIGINT_MAX:
         raise ValidationError(f"{name}={value} is outside the bigint range")
+    return value
 
 
 def _json_text(name: str, value: object) -> str | None:

@@ -48,7 +48,6 @@ from tests.jobs import (
 QS_PHASES = [
     ("mixed_transition", "awa"),
     ("mixed_transition", "awa_qs"),
-    ("active", "awa_qs"),
     ("active", "awa"),
 ]
 FIRST_ID = {"awa": 5000, "awa_qs": 7000}
@@ -326,11 +325,28 @@ def test_row6_callback_wiring_stays_canonical(routed: Routed) -> None:
 # -- rows 7 and 8 -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", list(KINDS))
-def test_rows7_8_migrated_under_a_fresh_id(routed: Routed, name: str) -> None:
-    kind = KINDS[name]
+def test_rows7_8_migrated_under_a_fresh_id(routed: Routed) -> None:
+    new_id = FIRST_ID[routed.schema]
+    claims: set[tuple[bytes, int]] = set()
+    for name, kind in KINDS.items():
+        claims |= _rows7_8_for(routed, name, kind, new_id)
+        new_id += 5
+    # Row 7: no claim for the successor (the DELETE released the running claim).
+    # Row 8: the claim belongs to the fresh id.
+    assert _claims(routed.engine) == claims
+    with routed.engine.connect() as conn:
+        assert seq_next(conn, f"{routed.schema}.job_id_seq") == new_id
+        assert seq_next(conn, f"{routed.other}.job_id_seq") == FIRST_ID[routed.other]
+        assert seq_next(conn, "awa.jobs_id_seq") == 1000 + 5 * len(KINDS)
+        assert rows(conn, "SELECT * FROM awa.scheduled_jobs") == []
+        assert rows(conn, f"SELECT * FROM {routed.schema}.done_entries") == []
+
+
+def _rows7_8_for(r: Routed, name: str, kind: Kind, new_id: int) -> set[tuple[bytes, int]]:
+    """Five attempts of one kind, migrated in order from *new_id*; returns the claims due."""
     free_mask = duplicate_mask(kind, claims_cancelled=False)
-    with routed.engine.begin() as conn:
+    key = name.encode()
+    with r.engine.begin() as conn:
         full = insert_job(
             conn,
             args='{"to": "a@example.com", "big": 1e400}',
@@ -342,47 +358,31 @@ def test_rows7_8_migrated_under_a_fresh_id(routed: Routed, name: str) -> None:
             finalized_at="2020-01-01 00:00:00+00",
         )
         bare = insert_job(conn, progress='{"old": true}', errors=[])
-        released = insert_job(conn, unique_key=b"released", unique_states="00100000")
-        free = insert_job(conn, unique_key=b"free", unique_states=free_mask)
-        moved = insert_job(conn, unique_key=b"moved", unique_states="11111000")
-    assert _claims(routed.engine) == {(b"released", released), (b"moved", moved)}
-    new_id = FIRST_ID[routed.schema]
+        released = insert_job(conn, unique_key=key + b"-released", unique_states="00100000")
+        free = insert_job(conn, unique_key=key + b"-free", unique_states=free_mask)
+        moved = insert_job(conn, unique_key=key + b"-moved", unique_states="11111000")
 
-    before = routed.before(full)
+    before = r.before(full)
     error = {"error": "boom", "attempt": 3, "n": 10**30}
-    called = call(routed.engine, full, kind, error=error, progress={"percent": 40})
+    called = call(r.engine, full, kind, error=error, progress={"percent": 40})
     payload = expected_payload(
         before["metadata"], ["t1", "t2"], ['{"old": 1}', json.dumps(error)], '{"percent": 40}'
     )
-    _check_migrated(routed, kind, called, before=before, new_id=new_id, payload=payload)
+    _check_migrated(r, kind, called, before=before, new_id=new_id, payload=payload)
 
-    before = routed.before(bare)  # empty metadata, no tags/errors/progress: payload SQL NULL
-    called = call(routed.engine, bare, kind)
-    _check_migrated(routed, kind, called, before=before, new_id=new_id + 1, payload=None)
-    with routed.engine.connect() as conn:
-        assert scalar(
-            conn,
-            f"SELECT payload IS NULL FROM {routed.schema}.deferred_jobs WHERE job_id = :i",
-            i=new_id + 1,
-        )
+    before = r.before(bare)  # empty metadata, no tags/errors/progress: payload SQL NULL
+    called = call(r.engine, bare, kind)
+    _check_migrated(r, kind, called, before=before, new_id=new_id + 1, payload=None)
+    with r.engine.connect() as conn:
+        sql = f"SELECT payload IS NULL FROM {r.schema}.deferred_jobs WHERE job_id = :i"
+        assert scalar(conn, sql, i=new_id + 1)
 
     for offset, job in enumerate((released, free, moved), start=2):
-        before = routed.before(job)
-        called = call(routed.engine, job, kind, error="e")
+        before = r.before(job)
+        called = call(r.engine, job, kind, error="e")
         payload = expected_payload(errors=['"e"'])
-        _check_migrated(
-            routed, kind, called, before=before, new_id=new_id + offset, payload=payload
-        )
-
-    # Row 7: no claim for the successor (the DELETE released the running claim).
-    # Row 8: the claim belongs to the fresh id.
-    assert _claims(routed.engine) == {(b"free", new_id + 3), (b"moved", new_id + 4)}
-    with routed.engine.connect() as conn:
-        assert seq_next(conn, f"{routed.schema}.job_id_seq") == new_id + 5
-        assert seq_next(conn, f"{routed.other}.job_id_seq") == FIRST_ID[routed.other]
-        assert seq_next(conn, "awa.jobs_id_seq") == 1005
-        assert rows(conn, "SELECT * FROM awa.scheduled_jobs") == []
-        assert rows(conn, f"SELECT * FROM {routed.schema}.done_entries") == []
+        _check_migrated(r, kind, called, before=before, new_id=new_id + offset, payload=payload)
+    return {(key + b"-free", new_id + 3), (key + b"-moved", new_id + 4)}
 
 
 # -- rows 9 and 10 ------------------------------------------------------------------------
@@ -489,35 +489,39 @@ def test_fresh_id_equal_to_the_holder_counts_as_our_claim(cluster: Any) -> None:
     assert _claims(cluster.engine) == {(b"k", holder)}
 
 
-@pytest.mark.parametrize(
-    ("details", "marker", "schema"),
-    [
-        ("{}", "awa_qs", "awa_qs"),  # the marker row is the fallback
-        ('{"schema": ""}', None, "awa"),  # blank counts as missing; last fallback 'awa'
-        ('{"schema": "awa_qs"}', "awa", "awa_qs"),  # details win over the marker
-    ],
-)
-def test_routing_follows_the_database_function(
-    cluster: Any, details: str, marker: str | None, schema: str
-) -> None:
+ROUTING_CASES = [
+    ("{}", "awa_qs", "awa_qs"),  # the marker row is the fallback
+    ('{"schema": ""}', None, "awa"),  # blank counts as missing; last fallback 'awa'
+    ('{"schema": "awa_qs"}', "awa", "awa_qs"),  # details win over the marker
+]
+
+
+def test_routing_follows_the_database_function(cluster: Any) -> None:
     cluster.set_phase("mixed_transition", "awa_qs")
     with cluster.engine.begin() as conn:
         advance_all(conn)
-        conn.execute(
-            sa.text("UPDATE awa.storage_transition_state SET details = CAST(:d AS jsonb)"),
-            {"d": details},
-        )
-        conn.execute(sa.text("DELETE FROM awa.runtime_storage_backends"))
-        if marker is not None:
+    next_id = dict(FIRST_ID)
+    for details, marker, schema in ROUTING_CASES:
+        with cluster.engine.begin() as conn:
             conn.execute(
-                sa.text(
-                    "INSERT INTO awa.runtime_storage_backends (backend, schema_name)"
-                    " VALUES ('queue_storage', :s)"
-                ),
-                {"s": marker},
+                sa.text("UPDATE awa.storage_transition_state SET details = CAST(:d AS jsonb)"),
+                {"d": details},
             )
-        job = insert_job(conn)
-    outcome = call(cluster.engine, job, Snooze(1)).outcome
-    assert outcome == Migrated(FIRST_ID[schema], outcome.run_at, 0)  # type: ignore[union-attr]
+            conn.execute(sa.text("DELETE FROM awa.runtime_storage_backends"))
+            if marker is not None:
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO awa.runtime_storage_backends (backend, schema_name)"
+                        " VALUES ('queue_storage', :s)"
+                    ),
+                    {"s": marker},
+                )
+            job = insert_job(conn)
+        outcome = call(cluster.engine, job, Snooze(1)).outcome
+        assert isinstance(outcome, Migrated)
+        assert outcome.job_id == next_id[schema], (details, marker)
+        next_id[schema] += 1
     with cluster.engine.connect() as conn:
-        assert scalar(conn, f"SELECT count(*) FROM {schema}.deferred_jobs") == 1
+        for schema, first in FIRST_ID.items():
+            count = scalar(conn, f"SELECT count(*) FROM {schema}.deferred_jobs")
+            assert count == next_id[schema] - first

@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from awa_sa.errors import ValidationError
+from awa_sa.errors import ValidationError, translated
 from awa_sa.kinds import Kind, Outcome
 from awa_sa.reschedule import prepare, run
 
@@ -36,7 +36,8 @@ async def reschedule_canonical_attempt(
             f"{type(bind).__name__} (use awa_sa.reschedule_canonical_attempt for sync binds)"
         )
     call = prepare(job_id, run_lease, kind, error, progress)
-    if isinstance(bind, AsyncEngine):
-        async with bind.begin() as conn:
-            return await conn.run_sync(run, call)
-    return await bind.run_sync(run, call)
+    with translated():  # BEGIN and COMMIT too
+        if isinstance(bind, AsyncEngine):
+            async with bind.begin() as conn:
+                return await conn.run_sync(run, call)
+        return await bind.run_sync(run, call)

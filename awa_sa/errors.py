@@ -17,6 +17,9 @@ aborted by PostgreSQL (a failed canonical statement), and the caller must roll i
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import sqlalchemy.exc
 
 UNIQUE_VIOLATION = "23505"
@@ -75,3 +78,19 @@ def translate_db_error(exc: sqlalchemy.exc.DBAPIError) -> AwaSAError:
         return UniqueConflict(constraint, str(orig).strip())
     primary: str | None = getattr(diag, "message_primary", None)
     return DatabaseError(primary or str(orig).strip(), sqlstate)
+
+
+@contextmanager
+def translated() -> Iterator[None]:
+    """Let only awa-sa errors out: a caller catches one root, never a driver's exception.
+
+    Covers what the flow does not execute itself too: BEGIN/COMMIT of the Engine form,
+    SAVEPOINT/RELEASE/ROLLBACK TO, and SQLAlchemy's own refusals on a connection that died
+    midway (``PendingRollbackError``, ``ResourceClosedError``), which carry no SQLSTATE.
+    """
+    try:
+        yield
+    except sqlalchemy.exc.DBAPIError as exc:
+        raise translate_db_error(exc) from exc
+    except sqlalchemy.exc.SQLAlchemyError as exc:
+        raise DatabaseError(str(exc).strip()) from exc

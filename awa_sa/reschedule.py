@@ -25,10 +25,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Executable, Result
-from sqlalchemy.exc import DBAPIError
 
 from awa_sa import statements
-from awa_sa.errors import DatabaseError, UniqueConflict, ValidationError, translate_db_error
+from awa_sa.errors import DatabaseError, UniqueConflict, ValidationError, translated
 from awa_sa.kinds import (
     CancelledDuplicate,
     Kind,
@@ -125,21 +124,25 @@ def reschedule_canonical_attempt(
             " (use awa_sa.asyncio for AsyncEngine/AsyncConnection)"
         )
     call = prepare(job_id, run_lease, kind, error, progress)
-    if isinstance(bind, Engine):
-        with bind.begin() as conn:
-            return run(conn, call)
-    return run(bind, call)
+    with translated():  # BEGIN and COMMIT too
+        if isinstance(bind, Engine):
+            with bind.begin() as conn:
+                return run(conn, call)
+        return run(bind, call)
 
 
 def run(conn: Connection, call: Call) -> Outcome:
     """The flow for one validated call, inside whatever transaction *conn* has."""
-    if getattr(conn.connection.dbapi_connection, "autocommit", False):
+    with translated():
+        autocommit = getattr(conn.connection.dbapi_connection, "autocommit", False)
+    if autocommit:
         # Each statement would commit alone: the routing lock would be gone before the write,
         # and the savepoints would protect nothing.
         raise ValidationError("bind is in AUTOCOMMIT mode; the reschedule needs a transaction")
     trace = _Trace()
     try:
-        outcome = _flow(conn, call, trace)
+        with translated():  # savepoint statements too
+            outcome = _flow(conn, call, trace)
         trace.outcome = type(outcome).__name__
         return outcome
     except Exception as exc:
@@ -272,10 +275,8 @@ def _execute(
 ) -> Result[Any]:
     # Per-call options: Connection.execution_options() would change the caller's connection.
     options = {"schema_translate_map": tmap} if tmap is not None else {}
-    try:
+    with translated():
         return conn.execute(stmt, dict(params or {}), execution_options=options)
-    except DBAPIError as exc:
-        raise translate_db_error(exc) from exc
 
 
 def rfc3339_now() -> str:

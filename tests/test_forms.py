@@ -246,3 +246,22 @@ def test_one_debug_record_per_call(engine: sa.Engine, caplog: pytest.LogCaptureF
         (logging.DEBUG, conflict, "Snooze", "canonical", "error UniqueConflict"),
     ]
     assert f"job_id={ok}" in records[0].getMessage()
+
+
+def test_driver_and_sqlalchemy_errors_come_out_as_database_errors(engine: sa.Engine) -> None:
+    job = _new_job(engine)
+    with engine.connect() as conn:
+        with pytest.raises(sa.exc.DBAPIError):
+            conn.execute(sa.text("SELECT 1/0"))  # the caller's transaction is now aborted
+        with pytest.raises(DatabaseError) as info:
+            reschedule_canonical_attempt(conn, job, 1, Snooze(1))
+        assert info.value.sqlstate == "25P02"  # in_failed_sql_transaction
+        assert isinstance(info.value.__cause__, sa.exc.DBAPIError)
+        conn.rollback()
+    conn = engine.connect()
+    conn.close()
+    with pytest.raises(DatabaseError) as closed:
+        reschedule_canonical_attempt(conn, job, 1, Snooze(1))
+    assert closed.value.sqlstate is None
+    assert isinstance(closed.value.__cause__, sa.exc.ResourceClosedError)
+    assert _state(engine, job) == "running"

@@ -449,6 +449,30 @@ def take_snapshot(
         return snapshot(conn, qs_schemas)
 
 
+def fingerprint(engine: sa.Engine, qs_schemas: Iterable[str] = ("awa", "awa_qs")) -> dict[str, str]:
+    """:func:`snapshot` condensed to one md5 per relation, in a single round trip.
+
+    For loops that compare "before" and "after" hundreds of times; on a mismatch, take a full
+    :func:`snapshot` to see what differs.
+    """
+    parts = [(f"awa.{t}", "awa", t) for t in CANONICAL_TABLES]
+    parts += [(f"{s}.{t}", s, t) for s in qs_schemas for t in QS_TABLES]
+    cols = [
+        f"(SELECT md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), '')) "
+        f'FROM "{schema}"."{table}" AS t) AS "{name}"'
+        for name, schema, table in parts
+    ]
+    cols += [
+        f"(SELECT md5(coalesce(string_agg(c.relname, '|' ORDER BY c.relname), '')) "
+        f"FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        f"WHERE n.nspname = '{schema}') AS \"{schema}.<relations>\""
+        for schema in qs_schemas
+    ]
+    with engine.connect() as conn:
+        row = conn.execute(sa.text("SELECT " + ", ".join(cols))).mappings().one()
+    return dict(row)
+
+
 def assert_unchanged(before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
     changed = {k: (before[k], after.get(k)) for k in before if before[k] != after.get(k)}
     assert not changed, f"database changed: {sorted(changed)}: {changed}"

@@ -168,7 +168,7 @@ def _flow(conn: Connection, call: Call, trace: _Trace) -> Outcome:
     if _execute(conn, statements.routing_lock()).first() is None:
         trace.routing = "canonical (no transition singleton)"
         return _canonical(conn, call)
-    trace.routing = "canonical"  # the only routing under which the next statement can fail
+    trace.routing = "canonical"  # the next statement writes, and so can fail, only then
     row = _execute(conn, statements.canonical_move(call.tag, True), call.params).one()
     if row.s is None:
         return Rescheduled(row.id, row.run_at, row.attempt) if row.id is not None else Stale()

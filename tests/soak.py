@@ -107,7 +107,15 @@ SNOOZE_ONLY_FROM = 20
 """From this attempt on workers only snooze, which does not count, so attempts stay bounded."""
 BACKOFF_OVERFLOWS_FROM = 43
 """``awa.backoff_duration`` overflows from attempt 44 (reschedule.md §2.1), and at 43 whenever
-its jitter is large enough (about four calls in five, on the real v040 function too)."""
+its jitter is large enough (about four calls in five, on the real v040 function too). From 46
+on, the wrapped interval sometimes lands ``run_at`` in a year PostgreSQL accepts but Python's
+``datetime`` cannot hold (before year 1): the driver then fails to read the row back, and the
+call is rolled back with a DatabaseError that has no SQLSTATE."""
+
+
+def _overflow(sqlstate: str | None, message: str) -> bool:
+    """Is this the database (or the driver reading its result) refusing a backoff overflow?"""
+    return sqlstate in ("22008", "22003") or (sqlstate is None and "timestamp too" in message)
 
 
 @dataclass(frozen=True)
@@ -1047,7 +1055,7 @@ def check(soak: Soak, duration: float) -> Report:
         if (
             c.outcome == "error:DatabaseError"
             and c.kind == "RetryBackoff"
-            and c.sqlstate in ("22008", "22003")
+            and _overflow(c.sqlstate, c.message)
             and (c.read_attempt or 0) >= BACKOFF_OVERFLOWS_FROM
         ):
             continue

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from jobs import KINDS, advance_all, insert_job, snapshot_of
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -28,7 +29,6 @@ from awa_sa import (
     ValidationError,
     reschedule_canonical_attempt,
 )
-from tests.jobs import KINDS, advance_all, insert_job, snapshot_of
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from jobs import insert_holder, insert_job, scalar, snapshot_of
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -31,7 +32,6 @@ from awa_sa import (
     ValidationError,
     reschedule_canonical_attempt,
 )
-from tests.jobs import insert_holder, insert_job, scalar, snapshot_of
 
 PHASES = [("canonical", Rescheduled), ("mixed_transition", Migrated)]
 

@@ -11,9 +11,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-
-from awa_sa import Kind, Rescheduled, RetryBackoff, Snooze, Stale, UniqueConflict
-from tests.jobs import (
+from jobs import (
     CALLBACK_VALUES,
     KINDS,
     Called,
@@ -30,6 +28,8 @@ from tests.jobs import (
     seq_next,
     snapshot_of,
 )
+
+from awa_sa import Kind, Rescheduled, RetryBackoff, Snooze, Stale, UniqueConflict
 
 CANONICAL_PHASES = ("canonical", "prepared", "aborted")
 CALLBACKS = list(CALLBACK_VALUES)

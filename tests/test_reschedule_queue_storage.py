@@ -15,18 +15,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-
-from awa_sa import (
-    CancelledDuplicate,
-    Kind,
-    Migrated,
-    Rescheduled,
-    Snooze,
-    Stale,
-    UniqueConflict,
-    reschedule_canonical_attempt,
-)
-from tests.jobs import (
+from jobs import (
     CALLBACK_VALUES,
     KINDS,
     Called,
@@ -43,6 +32,17 @@ from tests.jobs import (
     scalar,
     seq_next,
     snapshot_of,
+)
+
+from awa_sa import (
+    CancelledDuplicate,
+    Kind,
+    Migrated,
+    Rescheduled,
+    Snooze,
+    Stale,
+    UniqueConflict,
+    reschedule_canonical_attempt,
 )
 
 QS_PHASES = [

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from jobs import insert_holder, insert_job
 from sqlalchemy import event
 
 import awa_sa_schema
@@ -24,7 +25,6 @@ from awa_sa import (
     Stale,
     reschedule_canonical_attempt,
 )
-from tests.jobs import insert_holder, insert_job
 
 PREFIXES = [
     ("RELEASE SAVEPOINT", "release"),

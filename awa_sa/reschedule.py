@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -46,6 +47,8 @@ from awa_sa.tables import JOB_STATES
 log = logging.getLogger("awa_sa")
 
 _BIGINT_MIN, _BIGINT_MAX = -(2**63), 2**63 - 1
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+"""``\\u0000`` as an escape in JSON text, not a literal backslash followed by ``u0000``."""
 _DAY = 86_400.0
 # psycopg must be able to hand run_at back as a Python datetime; a day of slack covers any
 # difference between our clock and the database's.
@@ -311,16 +314,6 @@ def _json_text(name: str, value: object) -> str | None:
         text.encode("utf-8")  # lone surrogates
     except (TypeError, ValueError, RecursionError) as exc:
         raise ValidationError(f"{name} is not JSON-serialisable: {exc}") from exc
-    if _has_nul(value):
+    if _NUL_ESCAPE.search(text):
         raise ValidationError(f"{name} contains U+0000, which jsonb cannot store")
     return text
-
-
-def _has_nul(value: object) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return any(_has_nul(v) for v in value)
-    return False

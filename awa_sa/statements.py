@@ -115,6 +115,28 @@ def _run_at(taken: CTE, tag: KindTag) -> ColumnElement[Any]:
     return func.now() + delay
 
 
+_PYTHON_RANGE = (
+    cast(literal_column("'0001-01-02 00:00:00+00'"), Timestamp),
+    cast(literal_column("'9999-12-30 00:00:00+00'"), Timestamp),
+)
+"""Where a timestamptz still loads as a Python datetime in any session time zone."""
+
+
+def _representable(run_at: ColumnElement[Any]) -> ColumnElement[Any]:
+    """*run_at* unchanged, or SQLSTATE 22008 when a Python datetime cannot hold it.
+
+    ``awa.backoff_duration`` overflows silently from attempt 44 and can yield a run_at that
+    PostgreSQL stores (a BC date, say) but the driver cannot read back. Failing inside the
+    statement keeps the write from ever happening; shifting an out-of-range value by 300000
+    years is PostgreSQL's own "timestamp out of range". *run_at* must be a stored or computed
+    column, not the volatile expression itself, which would be evaluated twice.
+    """
+    low, high = _PYTHON_RANGE
+    inside = (run_at >= low) & (run_at < high)
+    years = case((inside, _ZERO), else_=literal_column("300000"))
+    return run_at + func.make_interval(years, type_=INTERVAL)
+
+
 def _errors_after(taken: CTE) -> ColumnElement[Any]:
     """``taken.errors`` with ``:b_error`` appended as one element; NULL stays NULL without one."""
     error = _jsonb_param("b_error")
@@ -190,7 +212,7 @@ def canonical_move(tag: KindTag, routed: bool) -> Select[Any]:
         .returning(scheduled_jobs.c.id, scheduled_jobs.c.run_at, scheduled_jobs.c.attempt)
         .cte("moved")
     )
-    out = (moved.c.id, moved.c.run_at, moved.c.attempt)
+    out = (moved.c.id, _representable(moved.c.run_at).label("run_at"), moved.c.attempt)
     if routed:
         return select(routing.c.s, *out).select_from(routing.outerjoin(moved, true()))
     return select(cast(null(), Text).label("s"), *out)
@@ -236,28 +258,30 @@ def take_and_allocate(tag: KindTag) -> Select[Any]:
         .returning(*jobs_hot.c)
         .cte("taken")
     )
-    metadata_type = func.jsonb_typeof(taken.c.metadata, type_=Text)
+    # A CTE, so the volatile backoff is evaluated once however often run_at is referenced.
+    row = select(taken, _run_at(taken, tag).label("new_run_at")).cte("timed")
+    metadata_type = func.jsonb_typeof(row.c.metadata, type_=Text)
     new_id = cast(qs.job_id_seq.next_value(), BigInteger)
     retryable = tag != "snooze"
-    # run_at first: PostgreSQL evaluates the list in order, so an overflowing run_at (22008)
+    # run_at first: PostgreSQL evaluates the list in order, so an out-of-range run_at (22008)
     # fails before nextval and burns no id.
     return select(
-        _run_at(taken, tag).label("run_at"),
+        _representable(row.c.new_run_at).label("run_at"),
         case((metadata_type == literal_column("'object'"), new_id)).label("job_id"),
-        taken.c.kind,
-        taken.c.queue,
-        cast(taken.c.args, Text).label("args"),
+        row.c.kind,
+        row.c.queue,
+        cast(row.c.args, Text).label("args"),
         literal_column(f"'{_successor_state(tag)}'", Text).label("state"),
-        taken.c.priority,
-        _successor_attempt(taken, tag).label("attempt"),
-        taken.c.run_lease,
-        taken.c.max_attempts,
-        cast(taken.c.attempted_at, Text).label("attempted_at"),
+        row.c.priority,
+        _successor_attempt(row, tag).label("attempt"),
+        row.c.run_lease,
+        row.c.max_attempts,
+        cast(row.c.attempted_at, Text).label("attempted_at"),
         (cast(func.now(), Text) if retryable else cast(null(), Text)).label("finalized_at"),
-        cast(taken.c.created_at, Text).label("created_at"),
-        taken.c.unique_key,
-        cast(taken.c.unique_states, Text).label("unique_states"),
-        cast(_payload(taken), Text).label("payload"),
+        cast(row.c.created_at, Text).label("created_at"),
+        row.c.unique_key,
+        cast(row.c.unique_states, Text).label("unique_states"),
+        cast(_payload(row), Text).label("payload"),
         metadata_type.label("metadata_type"),
     )
 

@@ -7,6 +7,7 @@ name) is refused with nothing written, on the fixture and on a real cluster.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -29,6 +30,7 @@ from awa_sa import (
     ValidationError,
     reschedule_canonical_attempt,
 )
+from awa_sa.reschedule import prepare, run
 
 
 @pytest.fixture
@@ -210,3 +212,24 @@ def test_routing_schema_must_be_a_plain_identifier(cluster: Any) -> None:
         assert isinstance(info.value, ValidationError)
         assert isinstance(info.value, AwaSAError)
         assert snapshot_of(cluster.engine) == before
+
+
+@pytest.mark.parametrize("phase", ["canonical", "mixed_transition"])
+def test_run_at_outside_python_range_fails_inside_the_statement(cluster: Any, phase: str) -> None:
+    """The SQL backstop behind the delay check (and the only guard for a wild backoff).
+
+    A run_at PostgreSQL can store but Python cannot read (BC, or past 9999) must fail the
+    statement with 22008 rather than be written and then fail to load.
+    """
+    cluster.set_phase(phase, "awa_qs")
+    with cluster.engine.begin() as conn:
+        advance_all(conn)
+        job = insert_job(conn)
+    before = snapshot_of(cluster.engine)
+    for delay in (-1e11, 3e11):  # about 1200 BC, and about year 11500
+        call = prepare(job, 1, Snooze(1), None, None)
+        call = dataclasses.replace(call, params={**call.params, "b_delay": delay})
+        with cluster.engine.begin() as conn, pytest.raises(DatabaseError) as info:
+            run(conn, call)
+        assert info.value.sqlstate == "22008"
+    assert snapshot_of(cluster.engine) == before

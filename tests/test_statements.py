@@ -69,7 +69,8 @@ def test_canonical_move_reads_routing_only_when_routed(tag: statements.KindTag) 
     assert ("backoff_duration(CAST(taken.attempt AS SMALLINT)" in routed) == (
         tag == "retry_backoff"
     )
-    assert ("make_interval" in routed) == (tag != "retry_backoff")
+    assert ("CAST(%(b_delay)s AS DOUBLE PRECISION)" in routed) == (tag != "retry_backoff")
+    assert "ELSE 300000 END" in routed  # run_at must load as a Python datetime
 
 
 def test_scheduled_insert_lists_all_27_columns() -> None:

@@ -37,12 +37,13 @@ Afterwards :func:`check` reads every row back and verifies the invariants; see i
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -438,7 +439,7 @@ class Soak:
         return seed.id, -1, None, seed.category == "callback", True
 
     @staticmethod
-    def _late_lease(rows: list[Any], seed_lease: int) -> int:
+    def _late_lease(rows: Sequence[Any], seed_lease: int) -> int:
         """A lease that can never match again: the current one of a row that is not running
         (it must be claimed, which bumps it, before it can run), one below a running row's, or
         anything for an attempt that left the canonical plane."""
@@ -601,19 +602,20 @@ class Soak:
         fixed = (int(target.id), int(target.run_lease), int(target.attempt), bool(target.cb))
         barrier = threading.Barrier(2, timeout=30)
         plans = [(rng.randrange(1 << 30), rng.choice(("engine", "connection"))) for _ in range(2)]
-        futures = [
-            in_thread(
-                lambda s=s, form=form: self.sync_call(
-                    random.Random(s),
-                    f"race-{n}",
-                    form=form,
-                    fixed=fixed,
-                    race=race,
-                    barrier=barrier,
-                ),
-                name=f"race-{race}",
+
+        def contender(seed: int, form: str) -> Call | None:
+            return self.sync_call(
+                random.Random(seed),
+                f"race-{n}",
+                form=form,
+                fixed=fixed,
+                race=race,
+                barrier=barrier,
             )
-            for s, form in plans
+
+        futures = [
+            in_thread(functools.partial(contender, seed, form), name=f"race-{race}")
+            for seed, form in plans
         ]
         calls = [f.result(timeout=60) for f in futures]
         winners = sum(1 for c in calls if c is not None and c.won)
@@ -930,8 +932,16 @@ def check(soak: Soak, duration: float) -> Report:
     problems += _routing_problems(soak, calls, b)
 
     # 1. one place per seeded attempt; nothing unexplained
-    mig_ids = {c.result_id for c in migrated.values() if c.outcome == "Migrated"}
-    can_ids = {c.result_id for c in migrated.values() if c.outcome == "CancelledDuplicate"}
+    mig_ids = {
+        c.result_id
+        for c in migrated.values()
+        if c.outcome == "Migrated" and c.result_id is not None
+    }
+    can_ids = {
+        c.result_id
+        for c in migrated.values()
+        if c.outcome == "CancelledDuplicate" and c.result_id is not None
+    }
     if set(deferred[b]) != mig_ids:
         problems.append(f"deferred rows {sorted(set(deferred[b]) ^ mig_ids)[:10]} unexplained")
     if set(done[b]) != can_ids:
@@ -972,13 +982,18 @@ def check(soak: Soak, duration: float) -> Report:
     keys = Counter(bytes(k) for k, _ in claims)
     problems += [f"key {k!r} claimed {n} times" for k, n in keys.items() if n > 1]
     held = {(bytes(k), j) for k, j in claims}
-    for key, jid in held:
+    for held_key, jid in held:
         row = rows_by_id.get(jid)
-        if row is None or row[1] is None or bytes(row[1]) != key or not _claims(row[2], row[0]):
-            problems.append(f"claim ({key!r}, {jid}) points at {row}")
-    for jid, (state, key, mask) in rows_by_id.items():
-        if key is not None and _claims(mask, state) and (bytes(key), jid) not in held:
-            problems.append(f"row {jid} ({state}, {mask}) claims {key!r} but holds no claim")
+        if (
+            row is None
+            or row[1] is None
+            or bytes(row[1]) != held_key
+            or not _claims(row[2], row[0])
+        ):
+            problems.append(f"claim ({held_key!r}, {jid}) points at {row}")
+    for jid, (state, row_key, mask) in rows_by_id.items():
+        if row_key is not None and _claims(mask, state) and (bytes(row_key), jid) not in held:
+            problems.append(f"row {jid} ({state}, {mask}) claims {row_key!r} but holds no claim")
 
     # 4. attempts
     for c in winners:
@@ -994,30 +1009,43 @@ def check(soak: Soak, duration: float) -> Report:
             made[(e.job_id, e.lease)] = e
     winner_at = {(c.job_id, c.lease): c for c in winners}
     for r in hot.values():
-        seed = seeds[r.id]
-        if seed.category == "holder" or r.state != "running":
+        seeded = seeds[r.id]
+        if seeded.category == "holder" or r.state != "running":
             continue
-        e = made.get((r.id, r.run_lease))
-        want = e.attempt if e is not None else seed.attempt if r.run_lease == seed.lease else None
-        if want != r.attempt:
+        maker = made.get((r.id, r.run_lease))
+        expected = (
+            maker.attempt
+            if maker is not None
+            else seeded.attempt
+            if r.run_lease == seeded.lease
+            else None
+        )
+        if expected != r.attempt:
             problems.append(
-                f"running {r.id} lease {r.run_lease} attempt {r.attempt}, expected {want}"
+                f"running {r.id} lease {r.run_lease} attempt {r.attempt}, expected {expected}"
             )
     for r in sched.values():
-        c = winner_at.get((r.id, r.run_lease))
-        state = "scheduled" if c is not None and c.kind == "Snooze" else "retryable"
+        by = winner_at.get((r.id, r.run_lease))
+        state = "scheduled" if by is not None and by.kind == "Snooze" else "retryable"
         if (
-            c is None
-            or c.outcome != "Rescheduled"
-            or c.result_attempt != r.attempt
+            by is None
+            or by.outcome != "Rescheduled"
+            or by.result_attempt != r.attempt
             or state != r.state
         ):
-            problems.append(f"scheduled {r.id} ({r.state}, {r.attempt}) not made by its winner {c}")
+            problems.append(
+                f"scheduled {r.id} ({r.state}, {r.attempt}) not made by its winner {by}"
+            )
     for r in deferred[b].values():
-        c = next((x for x in migrated.values() if x.result_id == r.job_id), None)
-        state = "scheduled" if c is not None and c.kind == "Snooze" else "retryable"
-        if c is None or c.result_attempt != r.attempt or r.state != state or r.run_lease != c.lease:
-            problems.append(f"deferred {r.job_id} ({r.state}, {r.attempt}) not made by {c}")
+        by = next((x for x in migrated.values() if x.result_id == r.job_id), None)
+        state = "scheduled" if by is not None and by.kind == "Snooze" else "retryable"
+        if (
+            by is None
+            or by.result_attempt != r.attempt
+            or r.state != state
+            or r.run_lease != by.lease
+        ):
+            problems.append(f"deferred {r.job_id} ({r.state}, {r.attempt}) not made by {by}")
     for r in done[b].values():
         if r.state != "cancelled" or r.lane_seq != -r.job_id:
             problems.append(f"done row {r.job_id} is {r.state}, lane_seq {r.lane_seq}")
@@ -1049,8 +1077,12 @@ def check(soak: Soak, duration: float) -> Report:
     for c in calls:
         if not c.outcome.startswith("error:"):
             continue
-        seed = seeds.get(c.job_id)
-        if c.outcome == "error:UniqueConflict" and seed and seed.category in ("shared", "sibling"):
+        target = seeds.get(c.job_id)
+        if (
+            c.outcome == "error:UniqueConflict"
+            and target
+            and target.category in ("shared", "sibling")
+        ):
             continue
         if (
             c.outcome == "error:DatabaseError"
@@ -1061,6 +1093,7 @@ def check(soak: Soak, duration: float) -> Report:
             continue
         problems.append(f"unexpected {c.outcome} [{c.sqlstate}] {c.message} ({c.form} {c.job_id})")
 
+    won_races = {c.race for c in calls if c.race is not None and c.won}
     figures = {
         "label": cfg.label,
         "duration_s": round(duration, 2),
@@ -1073,6 +1106,10 @@ def check(soak: Soak, duration: float) -> Report:
         "late_completions": sum(1 for c in calls if c.late),
         "double_completion_races": dict(soak.races),
         "race_calls": sum(1 for c in calls if c.race is not None),
+        "race_calls_won": sum(1 for c in calls if c.race is not None and c.won),
+        "race_calls_lost": sum(
+            1 for c in calls if c.race in won_races and c.outcome == "Stale" and c.committed
+        ),
         "rescues": sum(1 for e in events if e.what == "rescue"),
         "claims": claims_n,
         "callback_completions": len(completes),
@@ -1144,7 +1181,8 @@ def format_report(report: Report) -> str:
         f"  outcomes: {f['outcomes']}",
         f"  rolled back (not committed): {f['rolled_back']}",
         f"  forms: {f['by_form']}  kinds: {f['by_kind']}",
-        f"  double-completion races: {f['double_completion_races']}  late completions: "
+        f"  double-completion races: {f['double_completion_races']} (calls won "
+        f"{f['race_calls_won']}, lost {f['race_calls_lost']})  late completions: "
         f"{f['late_completions']}",
         f"  rescues {f['rescues']}  claims {f['claims']}  callback completions "
         f"{f['callback_completions']}",

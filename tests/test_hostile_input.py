@@ -397,7 +397,8 @@ def test_ids_leases_and_attempts_at_the_bounds(
     """
     schema = _set_routing(engine, "details" if route else None, "awa_qs")
     with engine.begin() as conn:
-        if conn.execute(sa.text("SELECT last_value FROM awa_qs.job_id_seq")).scalar() < QS_IDS:
+        last = conn.execute(sa.text("SELECT last_value FROM awa_qs.job_id_seq")).scalar_one()
+        if int(last) < QS_IDS:
             advance_sequence(conn, "awa_qs.job_id_seq", QS_IDS)
         # Reset: this example's row is the only one of its kind.
         conn.execute(sa.text("DELETE FROM awa.jobs_hot WHERE kind = 'edge'"))

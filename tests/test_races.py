@@ -13,6 +13,7 @@ rather than paying a clone per scenario.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 from collections.abc import Callable
@@ -171,6 +172,7 @@ def _loser_waits_then_stale(engine: sa.Engine, schema: str | None) -> None:
         assert (q - marks[0], k - marks[1]) == (per_write, per_write)
         if schema is not None:
             # One id consumed, by the winner; the loser never reached nextval.
+            assert next_id is not None
             assert won.job_id == next_id
             assert _next_id(conn, schema) == next_id + 1
 
@@ -210,7 +212,7 @@ def _free_races(engine: sa.Engine, schema: str | None, n: int = 8) -> None:
             barrier.wait()
             return reschedule_canonical_attempt(engine, job_id, 7, kind)
 
-        futures = [in_thread(lambda k=k: complete(k)) for k in pair]
+        futures = [in_thread(functools.partial(complete, k)) for k in pair]
         return [f.result(timeout=20) for f in futures]
 
     results = {j: race(j, (kinds[i % 3], kinds[(i + 1) % 3])) for i, j in enumerate(jobs)}
@@ -348,6 +350,10 @@ def _qs_rows(conn: sa.Connection, schema: str) -> dict[str, int]:
     }
 
 
+def _drain_canonical(conn: sa.Connection) -> None:
+    conn.execute(sa.text("DELETE FROM awa.scheduled_jobs"))
+
+
 def _commit(engine: sa.Engine, step: Callable[[sa.Connection], None]) -> None:
     with engine.begin() as conn:
         step(conn)
@@ -442,7 +448,8 @@ def _control_one_statement_read(engine: sa.Engine, moves: Transitions, schema: s
 
     def one_statement() -> str | None:
         with engine.begin() as conn:
-            return conn.execute(read).scalar_one()
+            schema: str | None = conn.execute(read).scalar_one()
+        return schema
 
     assert _transition_first(engine, moves.abort, one_statement) == schema
     assert _phase(engine) == ("canonical", None)
@@ -584,5 +591,5 @@ def test_transitions_racing_a_reschedule(cluster: Cluster, schema: str) -> None:
     _reschedule_first_then_abort_refuses(engine, moves, schema)
     # Finalize refuses while canonical rows remain (its backlog gate); the canonical plane's
     # drain is emulated by deleting the rows re-scheduled canonically above.
-    _commit(engine, lambda c: c.execute(sa.text("DELETE FROM awa.scheduled_jobs")))
+    _commit(engine, _drain_canonical)
     _reschedule_first_then_finalize(engine, moves, schema)

@@ -109,19 +109,6 @@ def blocked_by(observer: sa.Engine, holder_pid: int) -> list[Waiter]:
     return [Waiter(int(r.pid), str(r.query), r.wait_event) for r in rows]
 
 
-def lock_waiters(observer: sa.Engine) -> list[Waiter]:
-    """Sessions of this database waiting on a heavyweight lock, whoever holds it."""
-    with observer.connect() as conn:
-        rows = conn.execute(
-            sa.text(
-                "SELECT pid, query, wait_event FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-                "AND wait_event_type = 'Lock'"
-            )
-        ).all()
-    return [Waiter(int(r.pid), str(r.query), r.wait_event) for r in rows]
-
-
 def wait_until_blocked(
     observer: sa.Engine,
     holder_pid: int,

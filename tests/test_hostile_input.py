@@ -180,7 +180,23 @@ def _json_problem(value: Any) -> bool:
         text.encode("utf-8")
     except (TypeError, ValueError, RecursionError):
         return True
-    return "\\u0000" in json.dumps(value)
+    return _has_nul(value)
+
+
+def _has_nul(value: Any) -> bool:
+    """U+0000 in any string or key: walked with an explicit stack, so depth is no problem."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
 
 
 def _same_json(conn: sa.Connection, stored: str, value: Any) -> bool:
@@ -314,6 +330,8 @@ def _has_substrate(engine: sa.Engine, schema: str) -> bool:
 @SETTINGS
 @given(kind=kinds(), error_p=hostile_json, progress_p=hostile_json, route=st.booleans())
 @example(kind=("snooze", 1.0), error_p=Payload("a\x00b"), progress_p=Payload(None), route=False)
+@example(kind=("snooze", 1.0), error_p=Payload("\\u0000"), progress_p=Payload(None), route=True)
+@example(kind=("snooze", 1.0), error_p=Payload(None), progress_p=Payload("\\\x00"), route=True)
 @example(kind=("snooze", 1.0), error_p=Payload(None), progress_p=Payload({"k\x00": 1}), route=True)
 @example(kind=("retry_after", 1.0), error_p=nested(5000), progress_p=Payload(None), route=True)
 @example(kind=("retry_after", 1.0), error_p=nested(600), progress_p=Payload(None), route=False)

@@ -11,6 +11,7 @@ from awa_sa.errors import (
     ValidationError,
 )
 from awa_sa.kinds import (
+    Attempt,
     CancelledDuplicate,
     Kind,
     Migrated,
@@ -21,9 +22,10 @@ from awa_sa.kinds import (
     Snooze,
     Stale,
 )
-from awa_sa.reschedule import reschedule_canonical_attempt
+from awa_sa.reschedule import reschedule_canonical_attempt, reschedule_canonical_attempts
 
 __all__ = [
+    "Attempt",
     "AwaSAError",
     "CancelledDuplicate",
     "DatabaseError",
@@ -39,4 +41,5 @@ __all__ = [
     "UniqueConflict",
     "ValidationError",
     "reschedule_canonical_attempt",
+    "reschedule_canonical_attempts",
 ]

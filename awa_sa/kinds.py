@@ -1,4 +1,4 @@
-"""What a handler asked for (the three kinds) and what became of the attempt (the four outcomes).
+"""What a handler asked for (the three kinds), a batch item, and what became of the attempt.
 
 Plain frozen values: they cross thread and event-loop boundaries and are compared in tests.
 A delay is checked when the kind is built, so a NaN never gets as far as a connection.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from awa_sa.errors import ValidationError
 
@@ -53,6 +54,20 @@ class RetryBackoff:
 
 
 Kind = Snooze | RetryAfter | RetryBackoff
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One item of a batch: the arguments of one single call, checked when the batch is.
+
+    Not validated here, so that a bad item is reported with its position in the batch.
+    """
+
+    job_id: int
+    run_lease: int
+    kind: Kind
+    error: Any = None
+    progress: Any = None
 
 
 @dataclass(frozen=True, slots=True)

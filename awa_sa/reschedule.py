@@ -2,16 +2,26 @@
 
 The flow asks :mod:`awa_sa.statements` for a statement, executes it, and decides what the result
 means. This is the only place that knows an ``Engine`` (own transaction, committed) from a
-``Connection`` (the caller's transaction, never committed); the async face runs :func:`run` through
-``AsyncConnection.run_sync`` rather than repeating it.
+``Connection`` (the caller's transaction, never committed); the async face runs :func:`run_all`
+through ``AsyncConnection.run_sync`` rather than repeating it.
 
-Statements per path, inside the transaction:
+A single call is a batch of one: the statements take arrays, one element per attempt, and the
+outcomes are those of the attempts re-scheduled one after another in the same transaction.
+
+Statements per path, inside the transaction, for a batch of any size:
 
 * canonical: 2 -- the routing lock, then one statement that reads routing afresh and, when it is
-  NULL, moves the row. A missing singleton skips the routing read in the same 2.
-* queue storage: the same 2, then under a savepoint the merged take/allocation and, when the row
-  was taken, the savepoint-a claim and insert; on a unique conflict the ring read, the 5 lane
-  statements, the clock, and the savepoint-b claim and cancelled row (+ delta), or last resort.
+  NULL, moves every matching row. A missing singleton skips the routing read in the same 2.
+* queue storage: the same 2, then under a savepoint the take/allocation of every row; the
+  canonical move of the attempts it did not take (callback wiring, guard misses), if any; and
+  under savepoint a the claims (if any row claims) and the deferred rows. A lost claim rolls
+  savepoint a back and redoes it without that row (+3), which then takes the single-attempt
+  cancelled-duplicate path: ring read, 5 lane statements, clock, savepoint b with its claim and
+  the cancelled row (+ delta), or the last resort.
+
+Two rows of one batch that share a unique key make the order of claim releases and acquisitions
+matter, which set-wise statements cannot reproduce: the move or take then touches nothing and
+says so, and the batch goes one attempt at a time (one move, or one take..., per attempt).
 """
 
 from __future__ import annotations
@@ -20,16 +30,18 @@ import json
 import logging
 import re
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Executable, Result
+from sqlalchemy import Connection, CursorResult, Engine, Row
+from sqlalchemy.sql.elements import ClauseElement
 
-from awa_sa import statements
+from awa_sa import compiled, statements
 from awa_sa.errors import DatabaseError, UniqueConflict, ValidationError, translated
 from awa_sa.kinds import (
+    Attempt,
     CancelledDuplicate,
     Kind,
     Migrated,
@@ -58,18 +70,28 @@ _RUN_AT_MAX = datetime(9999, 12, 31, tzinfo=UTC).timestamp() - _DAY
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """One validated request: everything the statements need, and nothing touched yet."""
+    """One validated request: everything the statements need, and nothing touched yet.
+
+    ``params`` holds this attempt's element of each array in ``statements.ITEM_PARAMS``.
+    """
 
     job_id: int
     kind: Kind
-    tag: statements.KindTag
     params: Mapping[str, Any]
 
 
 @dataclass(slots=True)
 class _Trace:
     routing: str = "?"
-    outcome: str = "error"
+    outcomes: list[str] = field(default_factory=list)
+
+
+class _Lost(Exception):
+    """Claims another job holds: roll savepoint a back and settle these rows another way."""
+
+    def __init__(self, rows: list[Row[Any]]) -> None:
+        super().__init__(f"{len(rows)} unique claims held by other jobs")
+        self.rows = rows
 
 
 def prepare(
@@ -96,11 +118,39 @@ def prepare(
     params = {
         "guard_id": job_id,
         "guard_lease": run_lease,
+        "b_tag": tag,
         "b_delay": delay,
         "b_error": _json_text("error", error),
         "b_progress": _json_text("progress", progress),
     }
-    return Call(job_id=job_id, kind=kind, tag=tag, params=params)
+    return Call(job_id=job_id, kind=kind, params=params)
+
+
+def prepare_all(attempts: object) -> list[Call]:
+    """Validate a whole batch before any statement; a refusal names the item's index."""
+    if isinstance(attempts, str | bytes | Mapping) or not isinstance(attempts, Iterable):
+        raise ValidationError(
+            f"attempts must be an iterable of Attempt, got {type(attempts).__name__}"
+        )
+    calls = []
+    for index, item in enumerate(attempts):
+        if not isinstance(item, Attempt):
+            raise ValidationError(
+                f"attempts[{index}] must be an Attempt, got {type(item).__name__}"
+            )
+        try:
+            calls.append(prepare(item.job_id, item.run_lease, item.kind, item.error, item.progress))
+        except ValidationError as exc:
+            raise ValidationError(f"attempts[{index}]: {exc}") from exc
+    return calls
+
+
+def check_bind(bind: object) -> None:
+    if not isinstance(bind, Engine | Connection):
+        raise ValidationError(
+            f"bind must be a sqlalchemy Engine or Connection, got {type(bind).__name__}"
+            " (use awa_sa.asyncio for AsyncEngine/AsyncConnection)"
+        )
 
 
 def reschedule_canonical_attempt(
@@ -121,21 +171,46 @@ def reschedule_canonical_attempt(
     Raises :class:`~awa_sa.errors.ValidationError`, :class:`~awa_sa.errors.UniqueConflict` or
     :class:`~awa_sa.errors.DatabaseError`; see :mod:`awa_sa.errors` for what each leaves behind.
     """
-    if not isinstance(bind, Engine | Connection):
-        raise ValidationError(
-            f"bind must be a sqlalchemy Engine or Connection, got {type(bind).__name__}"
-            " (use awa_sa.asyncio for AsyncEngine/AsyncConnection)"
-        )
-    call = prepare(job_id, run_lease, kind, error, progress)
+    check_bind(bind)
+    return _within(bind, [prepare(job_id, run_lease, kind, error, progress)])[0]
+
+
+def reschedule_canonical_attempts(
+    bind: Engine | Connection, attempts: Iterable[Attempt]
+) -> list[Outcome]:
+    """Re-schedule many running canonical attempts in one transaction; one outcome per item.
+
+    The outcomes, in input order, and the rows written are those of calling
+    :func:`reschedule_canonical_attempt` for each item in turn inside one transaction: a
+    repeated item is Stale the second time, and an item with a wrong lease is Stale even when a
+    later item for the same job succeeds. Every item is validated before any statement runs.
+    ``bind`` behaves as for the single call; an empty batch returns ``[]`` untouched.
+
+    What differs from one by one: the dirty marks (``awa.admin_dirty_*_marks``) are appended per
+    statement, one per distinct queue and kind, so a batch appends fewer identical marks. When
+    items fail, the batch fails as a whole and nothing is kept, as one by one; which error is
+    raised, if several items would fail, is not specified.
+    """
+    check_bind(bind)
+    calls = prepare_all(attempts)
+    return _within(bind, calls) if calls else []
+
+
+def _within(bind: Engine | Connection, calls: list[Call]) -> list[Outcome]:
     with translated():  # BEGIN and COMMIT too
         if isinstance(bind, Engine):
             with bind.begin() as conn:
-                return run(conn, call)
-        return run(bind, call)
+                return run_all(conn, calls)
+        return run_all(bind, calls)
 
 
 def run(conn: Connection, call: Call) -> Outcome:
     """The flow for one validated call, inside whatever transaction *conn* has."""
+    return run_all(conn, [call])[0]
+
+
+def run_all(conn: Connection, calls: Sequence[Call]) -> list[Outcome]:
+    """The flow for validated calls, inside whatever transaction *conn* has."""
     with translated():
         autocommit = getattr(conn.connection.dbapi_connection, "autocommit", False)
     if autocommit:
@@ -145,91 +220,165 @@ def run(conn: Connection, call: Call) -> Outcome:
     trace = _Trace()
     try:
         with translated():  # savepoint statements too
-            outcome = _flow(conn, call, trace)
-        trace.outcome = type(outcome).__name__
-        return outcome
+            outcomes = _flow(conn, calls, trace)
+        trace.outcomes = [type(outcome).__name__ for outcome in outcomes]
+        return outcomes
     except Exception as exc:
-        trace.outcome = f"error {type(exc).__name__}"
+        trace.outcomes = [f"error {type(exc).__name__}"] * len(calls)
         raise
     finally:
-        log.debug(
-            "reschedule job_id=%d kind=%s routing=%s outcome=%s",
-            call.job_id,
-            type(call.kind).__name__,
-            trace.routing,
-            trace.outcome,
-            extra={
-                "awa_job_id": call.job_id,
-                "awa_kind": type(call.kind).__name__,
-                "awa_routing": trace.routing,
-                "awa_outcome": trace.outcome,
-            },
-        )
+        if log.isEnabledFor(logging.DEBUG):
+            for call, outcome in zip(calls, trace.outcomes, strict=False):
+                _log(call, trace.routing, outcome)
 
 
-def _flow(conn: Connection, call: Call, trace: _Trace) -> Outcome:
+def _log(call: Call, routing: str, outcome: str) -> None:
+    kind = type(call.kind).__name__
+    log.debug(
+        "reschedule job_id=%d kind=%s routing=%s outcome=%s",
+        call.job_id,
+        kind,
+        routing,
+        outcome,
+        extra={
+            "awa_job_id": call.job_id,
+            "awa_kind": kind,
+            "awa_routing": routing,
+            "awa_outcome": outcome,
+        },
+    )
+
+
+def _binds(records: Sequence[Mapping[str, Any]]) -> tuple[bool, Mapping[str, Any]]:
+    """The statement shape for *records* (batch or not) and its binds.
+
+    One record binds its scalars; more bind one array per name, one element per record.
+    """
+    if len(records) == 1:
+        return False, records[0]
+    return True, {name: [record[name] for record in records] for name in records[0]}
+
+
+def _items(calls: Sequence[Call]) -> tuple[bool, Mapping[str, Any]]:
+    return _binds([call.params for call in calls])
+
+
+def _flow(conn: Connection, calls: Sequence[Call], trace: _Trace) -> list[Outcome]:
     if _execute(conn, statements.routing_lock()).first() is None:
         trace.routing = "canonical (no transition singleton)"
-        return _canonical(conn, call)
+        return _canonical(conn, calls)
     trace.routing = "canonical"  # the next statement writes, and so can fail, only then
-    row = _execute(conn, statements.canonical_move(call.tag, True), call.params).one()
-    if row.s is None:
-        return Rescheduled(row.id, row.run_at, row.attempt) if row.id is not None else Stale()
-    schema: str = row.s
+    batch, items = _items(calls)
+    rows = _execute(conn, statements.canonical_move(True, batch), items).all()
+    schema: str | None = rows[0].s
+    if schema is None:
+        return _rescheduled(conn, calls, rows)
     trace.routing = schema
-    tmap = translate_map(schema)  # before any write: a bad name changes nothing
+    translate_map(schema)  # before any write: a bad name changes nothing
     # The savepoint makes "an error after the take loses nothing" hold for a caller's
     # connection too: the take is undone and the caller's transaction stays usable.
     with conn.begin_nested():
-        return _queue_storage(conn, call, schema, tmap)
+        return _queue_storage(conn, calls, schema)
 
 
-def _canonical(conn: Connection, call: Call) -> Outcome:
-    row = _execute(conn, statements.canonical_move(call.tag, False), call.params).first()
-    return Stale() if row is None else Rescheduled(row.id, row.run_at, row.attempt)
+def _canonical(conn: Connection, calls: Sequence[Call]) -> list[Outcome]:
+    batch, items = _items(calls)
+    rows = _execute(conn, statements.canonical_move(False, batch), items).all()
+    return _rescheduled(conn, calls, rows)
 
 
-def _queue_storage(
-    conn: Connection, call: Call, schema: str, tmap: dict[str | None, str | None]
-) -> Outcome:
-    take = _execute(conn, statements.take_and_allocate(call.tag), call.params, tmap).first()
-    if take is None:
+def _rescheduled(conn: Connection, calls: Sequence[Call], rows: Sequence[Any]) -> list[Outcome]:
+    """Outcomes of a canonical move, or of one move per attempt when it touched nothing."""
+    if rows[0].shared_key:
+        return [_canonical(conn, [call])[0] for call in calls]
+    first: dict[tuple[int, int], int] = {}
+    for index, call in enumerate(calls):
+        first.setdefault((call.params["guard_id"], call.params["guard_lease"]), index)
+    outcomes: list[Outcome] = [Stale()] * len(calls)
+    for row in rows:
+        if row.id is not None:  # (id, run_lease) names the first item that asked for it
+            outcomes[first[(row.id, row.run_lease)]] = Rescheduled(row.id, row.run_at, row.attempt)
+    return outcomes
+
+
+def _queue_storage(conn: Connection, calls: Sequence[Call], schema: str) -> list[Outcome]:
+    batch, items = _items(calls)
+    rows = _execute(conn, statements.take_and_allocate(batch), items, schema).all()
+    if rows[0].shared_key:
+        return [_queue_storage(conn, [call], schema)[0] for call in calls]
+    taken = [row for row in rows if row.ord is not None]
+    for row in taken:
+        if row.job_id is None:
+            raise ValidationError(
+                "queue storage payload metadata must be a JSON object (job "
+                f"{calls[row.ord - 1].job_id} has {row.metadata_type}); the job was left unchanged"
+            )
+    outcomes: list[Outcome] = [Stale()] * len(calls)
+    left = sorted(set(range(len(calls))) - {row.ord - 1 for row in taken})
+    if left:
         # Callback wiring (the guard still matches) or a guard miss: the canonical move decides.
-        return _canonical(conn, call)
-    if take.job_id is None:
-        raise ValidationError(
-            f"queue storage payload metadata must be a JSON object (job {call.job_id} has "
-            f"{take.metadata_type}); the job was left unchanged"
-        )
-    successor = {f"b_{name}": getattr(take, name) for name in statements.SUCCESSOR_FIELDS}
-    try:
-        with conn.begin_nested():  # savepoint a
-            if _claims(take.unique_key, take.unique_states, take.state):
-                _claim(conn, successor)
-            _execute(conn, statements.insert_deferred(), successor, tmap)
-        return Migrated(take.job_id, take.run_at, take.attempt)
-    except UniqueConflict:
-        pass  # a newer job owns the key: record the successor as a cancelled duplicate
-    return _cancel_duplicate(conn, take, successor, schema, tmap)
+        moved = _canonical(conn, [calls[index] for index in left])
+        for index, outcome in zip(left, moved, strict=True):
+            outcomes[index] = outcome
+    migrated, lost = _defer(conn, taken, schema)
+    for row in migrated:
+        outcomes[row.ord - 1] = Migrated(row.job_id, row.run_at, row.attempt)
+    for row in sorted(lost, key=lambda row: row.ord):
+        # A newer job owns the key: record the successor as a cancelled duplicate.
+        outcomes[row.ord - 1] = _cancel_duplicate(conn, row, schema)
+    return outcomes
 
 
-def _cancel_duplicate(
-    conn: Connection,
-    take: Any,
-    successor: dict[str, Any],
-    schema: str,
-    tmap: dict[str | None, str | None],
-) -> Outcome:
-    ring = _execute(conn, statements.ring_cursor(), {}, tmap).first()
+def _defer(
+    conn: Connection, taken: list[Row[Any]], schema: str
+) -> tuple[list[Row[Any]], list[Row[Any]]]:
+    """Savepoint a: the successors' claims, then their deferred rows. Returns (written, lost).
+
+    A lost claim leaves PostgreSQL's lock on the holder's claim row, which only rolling the
+    savepoint back releases; the rest are then claimed and written again without it. Any other
+    unique violation cannot be pinned on a row, so each row is then tried alone, in order.
+    """
+    pending, lost = taken, list[Row[Any]]()
+    while pending:
+        try:
+            with conn.begin_nested():
+                claiming = [r for r in pending if _claims(r.unique_key, r.unique_states, r.state)]
+                missing = _unacquired(conn, claiming)
+                if missing:
+                    raise _Lost(missing)
+                batch, successors = _binds([_successor(row) for row in pending])
+                _execute(conn, statements.insert_deferred(batch), successors, schema)
+            return pending, lost
+        except _Lost as exc:
+            lost += exc.rows
+            pending = [row for row in pending if row not in exc.rows]
+        except UniqueConflict:
+            if len(pending) == 1:
+                return [], [*lost, *pending]
+            written = []
+            for row in pending:
+                alone_written, alone_lost = _defer(conn, [row], schema)
+                written += alone_written
+                lost += alone_lost
+            return written, lost
+    return [], lost
+
+
+def _successor(row: Row[Any]) -> dict[str, Any]:
+    return {f"b_{name}": getattr(row, name) for name in statements.SUCCESSOR_FIELDS}
+
+
+def _cancel_duplicate(conn: Connection, take: Row[Any], schema: str) -> Outcome:
+    ring = _execute(conn, statements.ring_cursor(), {}, schema).first()
     if ring is None:
         raise DatabaseError(f"{schema}.queue_ring_state has no singleton row")
     lane = {"b_queue": take.queue, "b_priority": take.priority}
     key = {"b_lane_key": f"{schema}:{take.queue}:{take.priority}:0"}
     _execute(conn, statements.lane_lock(), key)
-    _execute(conn, statements.ensure_lane_row(), lane, tmap)
-    _execute(conn, statements.ensure_lane_head("enqueue"), lane, tmap)
-    _execute(conn, statements.ensure_lane_head("claim"), lane, tmap)
-    _execute(conn, statements.ensure_lane_sequences(), lane, tmap)
+    _execute(conn, statements.ensure_lane_row(), lane, schema)
+    _execute(conn, statements.ensure_lane_head("enqueue"), lane, schema)
+    _execute(conn, statements.ensure_lane_head("claim"), lane, schema)
+    _execute(conn, statements.ensure_lane_sequences(), lane, schema)
     finalized_at = _execute(conn, statements.clock()).scalar_one()
     lifecycle = {
         "error": statements.LIFECYCLE_DUPLICATE,
@@ -238,7 +387,7 @@ def _cancel_duplicate(
         "terminal": True,
     }
     row = {
-        **successor,
+        **_successor(take),
         "b_ready_slot": ring.current_slot,
         "b_ready_generation": ring.generation,
         "b_finalized_at": finalized_at,
@@ -246,13 +395,17 @@ def _cancel_duplicate(
     }
     try:
         with conn.begin_nested():  # savepoint b
-            if _claims(take.unique_key, take.unique_states, "cancelled"):
-                _claim(conn, row)
-            _execute(conn, statements.insert_cancelled(), row, tmap)
+            if _claims(take.unique_key, take.unique_states, "cancelled") and _unacquired(
+                conn, [take]
+            ):
+                raise UniqueConflict(
+                    statements.CLAIM_CONSTRAINT, "unique claim held by another job"
+                )
+            _execute(conn, statements.insert_cancelled(), row, schema)
     except UniqueConflict:
         # Last resort: the newer holder keeps the key; the record keeps everything else.
         stripped = {**row, "b_unique_key": None, "b_unique_states": None}
-        _execute(conn, statements.insert_cancelled(), stripped, tmap)
+        _execute(conn, statements.insert_cancelled(), stripped, schema)
     return CancelledDuplicate(take.job_id)
 
 
@@ -264,22 +417,23 @@ def _claims(unique_key: bytes | None, unique_states: str | None, state: str) -> 
     return len(unique_states) > bit and unique_states[bit] == "1"
 
 
-def _claim(conn: Connection, row: Mapping[str, Any]) -> None:
-    params = {"b_unique_key": row["b_unique_key"], "b_job_id": row["b_job_id"]}
-    if len(_execute(conn, statements.claim_unique_key(), params).all()) != 1:
-        raise UniqueConflict(statements.CLAIM_CONSTRAINT, "unique claim held by another job")
+def _unacquired(conn: Connection, rows: Sequence[Row[Any]]) -> list[Row[Any]]:
+    """Claim ``(unique_key, job_id)`` for each row; the rows whose key another job holds."""
+    if not rows:
+        return []
+    batch, params = _binds([{"b_unique_key": r.unique_key, "b_job_id": r.job_id} for r in rows])
+    acquired = set(_execute(conn, statements.claim_unique_keys(batch), params).scalars())
+    return [row for row in rows if row.job_id not in acquired]
 
 
 def _execute(
     conn: Connection,
-    stmt: Executable,
+    stmt: ClauseElement,
     params: Mapping[str, Any] | None = None,
-    tmap: dict[str | None, str | None] | None = None,
-) -> Result[Any]:
-    # Per-call options: Connection.execution_options() would change the caller's connection.
-    options = {"schema_translate_map": tmap} if tmap is not None else {}
-    with translated():
-        return conn.execute(stmt, dict(params or {}), execution_options=options)
+    schema: str | None = None,
+) -> CursorResult[Any]:
+    with translated():  # so that savepoint a and b can catch a UniqueConflict
+        return compiled.execute(conn, stmt, params, schema)
 
 
 def rfc3339_now() -> str:

@@ -5,8 +5,8 @@ The listing is derived, never written by hand: it walks the public builders of
 and compiles what the library itself would execute. A hand-kept copy would drift from the code
 the first time a builder changed, which is exactly when a reviewer or DBA reads it.
 
-Queue-storage tables sit under a placeholder schema that SQLAlchemy translates at execution;
-here the translation is rendered into the text, so the reader sees ``awa_qs.deferred_jobs``.
+Queue-storage tables sit under a placeholder schema; the library renders the real name into the
+text it sends, and so does the listing, so the reader sees ``awa_qs.deferred_jobs``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.elements import ClauseElement
 
-from awa_sa import queue_storage, statements
+from awa_sa import compiled, statements
 
 
 @dataclass(frozen=True)
@@ -48,13 +48,11 @@ dialect is psycopg2's, which renders bind parameters without their casts."""
 
 
 def compile_statement(stmt: ClauseElement, schema: str) -> str:
-    """The text PostgreSQL receives for *stmt* when routed to queue-storage schema *schema*."""
-    compiled = stmt.compile(
-        dialect=DIALECT,
-        schema_translate_map=queue_storage.translate_map(schema),
-        render_schema_translate=True,
-    )
-    return str(compiled)
+    """The text PostgreSQL receives for *stmt* when routed to queue-storage schema *schema*.
+
+    The library's own compile (:mod:`awa_sa.compiled`), so the listing cannot drift from it.
+    """
+    return compiled.compile_statement(stmt, DIALECT, schema).sql
 
 
 def _choices(annotation: object) -> tuple[object, ...] | None:

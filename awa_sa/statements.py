@@ -1,8 +1,13 @@
 """Pure statement builders for the reschedule: each returns one Core statement and does no I/O.
 
 Every builder is memoised, so one statement object per shape exists for the life of the process
-and SQLAlchemy's compiled cache hits on every call; values travel only as bind parameters, and the
+and :mod:`awa_sa.compiled` compiles each once; values travel only as bind parameters, and the
 queue-storage schema only through ``schema_translate_map`` (see :mod:`awa_sa.queue_storage`).
+
+The moving statements take a batch: one array per field, one element per attempt, unnested
+``WITH ORDINALITY`` so every row knows its position (``ord``, from 1) in the caller's list. A
+single call is a batch of one, so there is one statement per step, whatever the batch size,
+and the kind is a per-row value (``tag``) rather than part of the statement's shape.
 
 JSON columns (args, metadata, errors, progress, payload) never pass through Python values between
 statements: they are returned as text and cast back to jsonb, or composed in SQL, so numbers such
@@ -15,7 +20,7 @@ its VALUES/SET parameter in ``insert()``/``update()``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cache, partial, reduce
 from typing import Any, Literal
 
@@ -24,15 +29,18 @@ from sqlalchemy import (
     BigInteger,
     ColumnElement,
     Double,
-    Float,
     Insert,
+    LargeBinary,
     Select,
     SmallInteger,
     Text,
     bindparam,
     case,
     cast,
+    column,
     delete,
+    exists,
+    false,
     func,
     insert,
     literal_column,
@@ -40,7 +48,7 @@ from sqlalchemy import (
     select,
     true,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, INTERVAL, JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, INTERVAL, JSONB, distinct_on
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from awa_sa import queue_storage as qs
@@ -55,7 +63,10 @@ from awa_sa.tables import (
 )
 
 KindTag = Literal["snooze", "retry_after", "retry_backoff"]
-"""The statement-shaping part of a kind; the delay itself is a bind parameter."""
+"""A kind as the statements see it, one per row (``b_tag``); the delay is ``b_delay``."""
+
+ITEM_PARAMS = ("guard_id", "guard_lease", "b_tag", "b_delay", "b_error", "b_progress")
+"""The per-attempt bind arrays of the moving statements, in unnest order."""
 
 CLAIM_CONSTRAINT = "idx_awa_jobs_unique"
 """The arbiter index of ``awa.job_unique_claims``, and the name Awa reports on a conflict."""
@@ -89,30 +100,139 @@ def _concat(*parts: ColumnElement[Any]) -> ColumnElement[Any]:
     return reduce(op, parts)
 
 
-def _successor_state(tag: KindTag) -> str:
-    return "scheduled" if tag == "snooze" else "retryable"
+# --- the batch: one row per attempt, the first of each (job_id, lease) kept -----------------
 
 
-def _successor_attempt(taken: CTE, tag: KindTag) -> ColumnElement[Any]:
-    # The snoozed attempt does not count.
-    if tag == "snooze":
-        return cast(taken.c.attempt - literal_column("1"), SmallInteger)
-    return taken.c.attempt
+def _bound_rows(
+    name: str, fields: Sequence[tuple[str, str, Any]], batch: bool, ordinality: bool = False
+) -> Any:
+    """Rows ``name(column, ...)`` from ``(bind, column, type)`` fields, optionally with ``ord``.
 
-
-def _run_at(taken: CTE, tag: KindTag) -> ColumnElement[Any]:
-    if tag == "retry_backoff":
-        # smallint arguments: the function has no int4 overload (spec §2.1).
-        delay = func.awa.backoff_duration(
-            cast(taken.c.attempt, SmallInteger),
-            cast(taken.c.max_attempts, SmallInteger),
-            type_=INTERVAL,
-        )
+    A batch binds one array per field and gets one row per element. A single row binds
+    scalars: the same row, but a plan PostgreSQL can cache, where an array of unknown length
+    makes it re-plan on every execution (which doubles the cost of a single call).
+    """
+    if not batch:
+        row = [cast(bindparam(p, type_=t), t).label(c) for p, c, t in fields]
+        if ordinality:
+            row.append(literal_column("1").label("ord"))
+        return select(*row).subquery(name)
+    arrays = func.unnest(*(bindparam(p, type_=ARRAY(t)) for p, _, t in fields))
+    columns = [column(c, t) for _, c, t in fields]
+    if ordinality:
+        rows = arrays.table_valued(*columns, with_ordinality="ord")
     else:
-        zero = _ZERO
-        secs = cast(bindparam("b_delay", type_=Float), Double)
-        delay = func.make_interval(zero, zero, zero, zero, zero, zero, secs, type_=INTERVAL)
-    return func.now() + delay
+        rows = arrays.table_valued(*columns)
+    return rows.render_derived(name=name)
+
+
+def _firsts(batch: bool) -> CTE:
+    """The attempts as rows ``(job_id, lease, tag, delay, error, new_progress, ord)``.
+
+    Only the first item of each ``(job_id, lease)`` survives: one by one, a repeat finds the
+    row already gone and is Stale, and at most one lease can match a row. ``new_progress``
+    would clash with the row's own ``progress`` in ``RETURNING``.
+    """
+    names = ("job_id", "lease", "tag", "delay", "error", "new_progress")
+    types = (BigInteger, BigInteger, Text, Double, Text, Text)
+    fields = list(zip(ITEM_PARAMS, names, types, strict=True))
+    items = _bound_rows("item", fields, batch, ordinality=True)
+    if not batch:
+        return select(items).cte("firsts")
+    return (
+        select(items)
+        .ext(distinct_on(items.c.job_id, items.c.lease))
+        .order_by(items.c.job_id, items.c.lease, items.c.ord)
+        .cte("firsts")
+    )
+
+
+def _guard(row: Any, firsts: CTE) -> list[ColumnElement[bool]]:
+    return [
+        row.c.id == firsts.c.job_id,
+        row.c.state == literal_column("'running'"),
+        row.c.run_lease == firsts.c.lease,
+    ]
+
+
+def _shared_key(firsts: CTE, batch: bool) -> ColumnElement[bool]:
+    """Do two rows the batch would touch share a unique key?
+
+    Then the order of claim releases and acquisitions decides outcomes (a row released later
+    in the list still blocks an earlier one, one by one), which set-wise statements cannot
+    reproduce; the flow then goes one attempt at a time instead. An alias, so the subquery
+    does not correlate with the DELETE's own ``jobs_hot``.
+    """
+    if not batch:
+        return false()
+    row = jobs_hot.alias("candidate")
+    shared: Select[Any] = (
+        select(literal_column("1"))
+        .select_from(row)
+        .join(firsts, true())
+        .where(*_guard(row, firsts), row.c.unique_key.is_not(None))
+        .group_by(row.c.unique_key)
+        .having(func.count() > literal_column("1"))
+    )
+    return exists(shared)
+
+
+def _take(firsts: CTE, head: CTE, *conditions: ColumnElement[bool]) -> CTE:
+    """DELETE the guarded rows (none when ``head.shared_key``), returning them with their item."""
+    return (
+        delete(jobs_hot)
+        .where(*_guard(jobs_hot, firsts), *conditions, ~_scalar(head, "shared_key"))
+        .returning(
+            *jobs_hot.c,
+            firsts.c.ord,
+            firsts.c.tag,
+            firsts.c.delay,
+            firsts.c.error,
+            firsts.c.new_progress,
+        )
+        .cte("taken")
+    )
+
+
+def _scalar(head: CTE, name: str) -> Any:
+    return select(head.c[name]).scalar_subquery()
+
+
+# --- per-row successor values -------------------------------------------------------------
+
+
+def _is(taken: CTE, tag: KindTag) -> ColumnElement[bool]:
+    return taken.c.tag == literal_column(f"'{tag}'")
+
+
+def _successor_state(taken: CTE) -> ColumnElement[Any]:
+    return case((_is(taken, "snooze"), _state("scheduled")), else_=_state("retryable"))
+
+
+def _successor_attempt(taken: CTE) -> ColumnElement[Any]:
+    # The snoozed attempt does not count.
+    return case(
+        (_is(taken, "snooze"), cast(taken.c.attempt - literal_column("1"), SmallInteger)),
+        else_=taken.c.attempt,
+    )
+
+
+def _finalized_at(taken: CTE, snoozed: ColumnElement[Any]) -> ColumnElement[Any]:
+    """``now()`` for a retry; *snoozed* (the branch's Snooze value) otherwise."""
+    return case((_is(taken, "snooze"), snoozed), else_=func.now())
+
+
+def _run_at(taken: CTE) -> ColumnElement[Any]:
+    # smallint arguments: the function has no int4 overload (spec §2.1). CASE evaluates only
+    # the matching branch, so the volatile backoff runs for retry_backoff rows alone.
+    backoff = func.awa.backoff_duration(
+        cast(taken.c.attempt, SmallInteger),
+        cast(taken.c.max_attempts, SmallInteger),
+        type_=INTERVAL,
+    )
+    zero = _ZERO
+    delay = func.make_interval(zero, zero, zero, zero, zero, zero, taken.c.delay, type_=INTERVAL)
+    return func.now() + case((_is(taken, "retry_backoff"), backoff), else_=delay)
 
 
 _PYTHON_RANGE = (
@@ -138,20 +258,12 @@ def _representable(run_at: ColumnElement[Any]) -> ColumnElement[Any]:
 
 
 def _errors_after(taken: CTE) -> ColumnElement[Any]:
-    """``taken.errors`` with ``:b_error`` appended as one element; NULL stays NULL without one."""
-    error = _jsonb_param("b_error")
+    """``taken.errors`` with the item's error appended as one element; NULL stays NULL without."""
+    error = cast(taken.c.error, JSONB)
     return case(
-        (error.is_(None), taken.c.errors),
+        (taken.c.error.is_(None), taken.c.errors),
         else_=func.array_append(taken.c.errors, error, type_=ARRAY(JSONB)),
     )
-
-
-def _guard() -> list[ColumnElement[bool]]:
-    return [
-        jobs_hot.c.id == bindparam("guard_id", type_=BigInteger),
-        jobs_hot.c.state == literal_column("'running'"),
-        jobs_hot.c.run_lease == bindparam("guard_lease", type_=BigInteger),
-    ]
 
 
 # --- routing ------------------------------------------------------------------------------
@@ -173,49 +285,55 @@ def routing_lock() -> Select[Any]:
 
 
 @cache
-def canonical_move(tag: KindTag, routed: bool) -> Select[Any]:
-    """Statement 2: read routing afresh and, only if it is NULL, move the row (spec §3.3, §4).
+def canonical_move(routed: bool, batch: bool) -> Select[Any]:
+    """Statement 2: read routing afresh and, only if it is NULL, move the rows (spec §3.3, §4).
 
-    One round trip after the lock. The routing read is a new statement, so under READ COMMITTED
-    its snapshot postdates the lock and cannot miss a transition that committed while we waited.
-    The move is the spec's single DELETE...INSERT CTE: same id, built only from the deleted row.
+    One round trip after the lock, whatever the batch size. The routing read is a new
+    statement, so under READ COMMITTED its snapshot postdates the lock and cannot miss a
+    transition that committed while we waited. The move is the spec's DELETE...INSERT CTE: same
+    id, each successor built only from its deleted row and its own item.
 
-    Returns columns ``(s, id, run_at, attempt)``. ``routed=True`` yields exactly one row: ``s`` is
-    the routing schema (non-NULL means nothing was touched), ``id`` is NULL when the guard matched
-    nothing. ``routed=False`` skips the routing read (missing singleton, or the queue-storage
-    fall-through) and yields a row only when the guard matched.
+    Always returns a first row ``(s, shared_key, ...)``: ``s`` is the routing schema (non-NULL
+    means nothing was touched; always NULL when not ``routed``, for the missing singleton and
+    the queue-storage fall-through), ``shared_key`` true means nothing was touched either (see
+    ``_shared_key``). Then one row per moved job ``(id, run_lease, run_at, attempt)``, which
+    ``(id, run_lease)`` maps back to the first item asking for it; the first row carries NULLs
+    there when nothing moved.
     """
-    routing = (
-        select(func.awa.active_queue_storage_schema(type_=Text).label("s"))
-        .cte("routing")
+    firsts = _firsts(batch)
+    routing = func.awa.active_queue_storage_schema(type_=Text) if routed else cast(null(), Text)
+    head = (
+        select(routing.label("s"), _shared_key(firsts, batch).label("shared_key"))
+        .cte("head")
         .prefix_with("MATERIALIZED")
     )
-    where = _guard()
-    if routed:
-        where.append(select(routing.c.s).scalar_subquery().is_(None))
-    taken = delete(jobs_hot).where(*where).returning(*jobs_hot.c).cte("taken")
-    retryable = tag != "snooze"
+    taken = _take(firsts, head, _scalar(head, "s").is_(None))
     successor: dict[str, ColumnElement[Any]] = {
-        "state": _state(_successor_state(tag)),
-        "attempt": _successor_attempt(taken, tag),
-        "run_at": _run_at(taken, tag),
+        "state": _successor_state(taken),
+        "attempt": _successor_attempt(taken),
+        "run_at": _run_at(taken),
         "heartbeat_at": cast(null(), Timestamp),
         "deadline_at": cast(null(), Timestamp),
-        "finalized_at": func.now() if retryable else taken.c.finalized_at,
+        "finalized_at": _finalized_at(taken, taken.c.finalized_at),
         "errors": _errors_after(taken),
-        "progress": _jsonb_param("b_progress"),
+        "progress": cast(taken.c.new_progress, JSONB),
     }
     columns = [c.name for c in scheduled_jobs.c]
+    target = scheduled_jobs.c
     moved = (
         insert(scheduled_jobs)
         .from_select(columns, select(*(successor.get(n, taken.c[n]) for n in columns)))
-        .returning(scheduled_jobs.c.id, scheduled_jobs.c.run_at, scheduled_jobs.c.attempt)
+        .returning(target.id, target.run_lease, target.run_at, target.attempt)
         .cte("moved")
     )
-    out = (moved.c.id, _representable(moved.c.run_at).label("run_at"), moved.c.attempt)
-    if routed:
-        return select(routing.c.s, *out).select_from(routing.outerjoin(moved, true()))
-    return select(cast(null(), Text).label("s"), *out)
+    return select(
+        head.c.s,
+        head.c.shared_key,
+        moved.c.id,
+        moved.c.run_lease,
+        _representable(moved.c.run_at).label("run_at"),
+        moved.c.attempt,
+    ).select_from(head.outerjoin(moved, true()))
 
 
 # --- queue-storage branch -----------------------------------------------------------------
@@ -224,7 +342,7 @@ def canonical_move(tag: KindTag, routed: bool) -> Select[Any]:
 def _payload(taken: CTE) -> ColumnElement[Any]:
     """The compacted queue-storage payload (queue_storage.md §4), SQL NULL when empty."""
     errors = func.coalesce(_errors_after(taken), _EMPTY_ERRORS, type_=ARRAY(JSONB))
-    progress = _jsonb_param("b_progress")
+    progress = cast(taken.c.new_progress, JSONB)
 
     def entry(key: str, present: ColumnElement[bool], value: ColumnElement[Any]) -> Any:
         obj = func.jsonb_build_object(literal_column(f"'{key}'"), value, type_=JSONB)
@@ -240,50 +358,58 @@ def _payload(taken: CTE) -> ColumnElement[Any]:
 
 
 @cache
-def take_and_allocate(tag: KindTag) -> Select[Any]:
-    """Take the canonical row (spec §5.1) and allocate the successor (§5.3) in one statement.
+def take_and_allocate(batch: bool) -> Select[Any]:
+    """Take the canonical rows (spec §5.1) and allocate their successors (§5.3), one statement.
 
     The spec's two statements merged: ``nextval`` sits in the select list over the deleted rows,
-    so it runs only when a row was taken -- a stale call consumes no sequence value -- and only
+    so it runs only for a taken row -- a stale attempt consumes no sequence value -- and only
     when that row's metadata is a JSON object, because such a job is refused right after
-    (queue_storage.md §4) and should not burn an id either.
+    (queue_storage.md §4) and should not burn an id either. The list is evaluated after the
+    ``ORDER BY ord``, so fresh ids follow the caller's order, as one call after another would.
 
-    Returns one row, named like the ``deferred_jobs`` columns, that is the successor itself
-    (``job_id`` NULL when metadata is not an object; see ``metadata_type``), or no row: callback
-    wiring or a guard miss, both of which fall through to the canonical move.
+    Returns a first row whose ``shared_key`` says whether anything was taken (see
+    ``_shared_key``), then one row per taken job, named like the ``deferred_jobs`` columns plus
+    ``ord`` and ``metadata_type`` (``job_id`` NULL when metadata is not an object). An item
+    without a row (callback wiring, a guard miss) falls through to the canonical move.
     """
-    taken = (
-        delete(jobs_hot)
-        .where(*_guard(), *(jobs_hot.c[n].is_(None) for n in CALLBACK_COLUMNS))
-        .returning(*jobs_hot.c)
-        .cte("taken")
+    firsts = _firsts(batch)
+    head = (
+        select(_shared_key(firsts, batch).label("shared_key"))
+        .cte("head")
+        .prefix_with("MATERIALIZED")
     )
+    taken = _take(firsts, head, *(jobs_hot.c[n].is_(None) for n in CALLBACK_COLUMNS))
     # A CTE, so the volatile backoff is evaluated once however often run_at is referenced.
-    row = select(taken, _run_at(taken, tag).label("new_run_at")).cte("timed")
+    row = select(taken, _run_at(taken).label("new_run_at")).cte("timed")
     metadata_type = func.jsonb_typeof(row.c.metadata, type_=Text)
     new_id = cast(qs.job_id_seq.next_value(), BigInteger)
-    retryable = tag != "snooze"
     # run_at first: PostgreSQL evaluates the list in order, so an out-of-range run_at (22008)
     # fails before nextval and burns no id.
-    return select(
-        _representable(row.c.new_run_at).label("run_at"),
-        case((metadata_type == literal_column("'object'"), new_id)).label("job_id"),
-        row.c.kind,
-        row.c.queue,
-        cast(row.c.args, Text).label("args"),
-        literal_column(f"'{_successor_state(tag)}'", Text).label("state"),
-        row.c.priority,
-        _successor_attempt(row, tag).label("attempt"),
-        row.c.run_lease,
-        row.c.max_attempts,
-        cast(row.c.attempted_at, Text).label("attempted_at"),
-        (cast(func.now(), Text) if retryable else cast(null(), Text)).label("finalized_at"),
-        cast(row.c.created_at, Text).label("created_at"),
-        row.c.unique_key,
-        cast(row.c.unique_states, Text).label("unique_states"),
-        cast(_payload(row), Text).label("payload"),
-        metadata_type.label("metadata_type"),
+    successors = (
+        select(
+            _representable(row.c.new_run_at).label("run_at"),
+            case((metadata_type == literal_column("'object'"), new_id)).label("job_id"),
+            row.c.kind,
+            row.c.queue,
+            cast(row.c.args, Text).label("args"),
+            cast(_successor_state(row), Text).label("state"),
+            row.c.priority,
+            _successor_attempt(row).label("attempt"),
+            row.c.run_lease,
+            row.c.max_attempts,
+            cast(row.c.attempted_at, Text).label("attempted_at"),
+            cast(_finalized_at(row, cast(null(), Timestamp)), Text).label("finalized_at"),
+            cast(row.c.created_at, Text).label("created_at"),
+            row.c.unique_key,
+            cast(row.c.unique_states, Text).label("unique_states"),
+            cast(_payload(row), Text).label("payload"),
+            metadata_type.label("metadata_type"),
+            row.c.ord,
+        )
+        .order_by(row.c.ord)
+        .subquery("successor")
     )
+    return select(head.c.shared_key, successors).select_from(head.outerjoin(successors, true()))
 
 
 SUCCESSOR_FIELDS = tuple(c.name for c in qs.deferred_jobs.c)
@@ -300,37 +426,52 @@ _CARRIED_AS_TEXT: dict[str, Any] = {
 """Successor fields that travel as text and are cast back on insert."""
 
 
-def _value(column: Any) -> ColumnElement[Any]:
-    """The ``:b_<column>`` parameter, cast to the column's type."""
-    param = f"b_{column.name}"
+def _carried(column: Any, value: ColumnElement[Any]) -> ColumnElement[Any]:
+    """*value*, typed as *column*: cast back for the fields that travel as text."""
     if column.name in _CARRIED_AS_TEXT:
-        return _text_param_as(param, _CARRIED_AS_TEXT[column.name])
-    return cast(bindparam(param, type_=column.type), column.type)
+        return cast(value, _CARRIED_AS_TEXT[column.name])
+    return value
+
+
+def _value(column: Any) -> ColumnElement[Any]:
+    """The scalar ``:b_<column>`` parameter, cast to the column's type."""
+    if column.name in _CARRIED_AS_TEXT:
+        return _carried(column, bindparam(f"b_{column.name}", type_=Text))
+    return cast(bindparam(f"b_{column.name}", type_=column.type), column.type)
 
 
 @cache
-def insert_deferred() -> Insert:
-    """The successor as a deferred job: all 16 columns explicit (queue_storage.md §3)."""
-    table = qs.deferred_jobs
-    return insert(table).values({c.name: _value(c) for c in table.c}).inline()
+def insert_deferred(batch: bool) -> Insert:
+    """The successors as deferred jobs: all 16 columns explicit (queue_storage.md §3).
 
-
-@cache
-def claim_unique_key() -> Insert:
-    """Acquire ``(key, job)`` unless another job id holds the key (queue_storage.md §5.2).
-
-    On conflict the row is "updated" to itself only when it already names this job, so a
-    returned row means acquired and no row means held by someone else.
+    ``b_<column>`` scalars for one row, or arrays with one element per row for a batch.
     """
-    stmt = pg_insert(job_unique_claims).values(
-        unique_key=bindparam("b_unique_key"),
-        job_id=bindparam("b_job_id", type_=BigInteger),
+    table = qs.deferred_jobs
+    transport = [Text if c.name in _CARRIED_AS_TEXT else c.type for c in table.c]
+    fields = [(f"b_{c.name}", c.name, t) for c, t in zip(table.c, transport, strict=True)]
+    rows = _bound_rows("successor", fields, batch)
+    values = select(*(_carried(c, rows.c[c.name]) for c in table.c))
+    return insert(table).from_select([c.name for c in table.c], values)
+
+
+@cache
+def claim_unique_keys(batch: bool) -> Insert:
+    """Acquire each ``(key, job)`` unless another job id holds the key (queue_storage.md §5.2).
+
+    On conflict a row is "updated" to itself only when it already names this job, so the
+    returned ``job_id`` values are the claims acquired and a missing one is held by someone
+    else. The keys of one call must be distinct: ON CONFLICT DO UPDATE cannot touch a row twice.
+    """
+    fields = [("b_unique_key", "unique_key", LargeBinary), ("b_job_id", "job_id", BigInteger)]
+    rows = _bound_rows("claim", fields, batch)
+    stmt = pg_insert(job_unique_claims).from_select(
+        ["unique_key", "job_id"], select(rows.c.unique_key, rows.c.job_id)
     )
     return stmt.on_conflict_do_update(
         index_elements=[job_unique_claims.c.unique_key],
         set_={"job_id": stmt.excluded.job_id},
         where=job_unique_claims.c.job_id == stmt.excluded.job_id,
-    ).returning(literal_column("1"))
+    ).returning(job_unique_claims.c.job_id)
 
 
 @cache
@@ -400,7 +541,8 @@ def insert_cancelled() -> Select[Any]:
     The spec's two inserts (queue_storage.md §6.4, §6.5) as one data-modifying CTE: the delta is
     built from the row actually inserted, and both still sit inside savepoint b. The payload is
     the deferred payload with the lifecycle error appended, composed in SQL. The last-resort
-    insert is this statement with ``b_unique_key``/``b_unique_states`` bound to NULL.
+    insert is this statement with ``b_unique_key``/``b_unique_states`` bound to NULL. One row
+    per call: a cancelled duplicate is the per-attempt fallback of a batch.
     """
     done = qs.done_entries
     payload = _jsonb_param("b_payload")
@@ -470,11 +612,16 @@ def insert_cancelled() -> Select[Any]:
 
 def all_builders() -> list[Callable[[], Any]]:
     """Every distinct statement, as zero-argument callables: for compile and cache tests."""
-    tags: tuple[KindTag, ...] = ("snooze", "retry_after", "retry_backoff")
-    out: list[Callable[[], Any]] = [
+    return [
         routing_lock,
-        insert_deferred,
-        claim_unique_key,
+        *(
+            partial(canonical_move, routed, batch)
+            for routed in (True, False)
+            for batch in (True, False)
+        ),
+        *(partial(take_and_allocate, batch) for batch in (True, False)),
+        *(partial(insert_deferred, batch) for batch in (True, False)),
+        *(partial(claim_unique_keys, batch) for batch in (True, False)),
         ring_cursor,
         lane_lock,
         ensure_lane_row,
@@ -484,7 +631,3 @@ def all_builders() -> list[Callable[[], Any]]:
         clock,
         insert_cancelled,
     ]
-    for tag in tags:
-        out.append(partial(take_and_allocate, tag))
-        out += [partial(canonical_move, tag, routed) for routed in (True, False)]
-    return out

@@ -1,0 +1,80 @@
+"""Each statement compiled once per dialect and queue-storage schema, then executed as text.
+
+``Connection.execute(core_statement)`` makes SQLAlchemy walk the statement to build its cache
+key on every call, and for the 27-column move that walk costs more than our whole Python flow.
+Our statements are immutable objects built once (:mod:`awa_sa.statements`), so the key is known
+in advance: their identity, the dialect and the schema. The text is compiled once for that key,
+with the schema rendered in, and sent with ``Connection.exec_driver_sql``: the same connection,
+transaction, savepoints and events (``before_cursor_execute`` still fires), without the walk.
+
+It is also the text ``awa-sa sql`` prints, so the listing is what the database receives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from weakref import WeakKeyDictionary
+
+from sqlalchemy import Connection, CursorResult
+from sqlalchemy.engine import Dialect
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.elements import ClauseElement
+
+from awa_sa.queue_storage import translate_map
+
+
+@dataclass(frozen=True, slots=True)
+class Compiled:
+    """A statement's text for one dialect and schema, and the values of binds that have one."""
+
+    sql: str
+    defaults: Mapping[str, Any]
+
+    def params(self, values: Mapping[str, Any]) -> Mapping[str, Any]:
+        """*values* completed with the defaults; a required bind left out is the driver's error."""
+        return {**self.defaults, **values} if self.defaults else values
+
+
+def compile_statement(stmt: ClauseElement, dialect: Dialect, schema: str | None) -> Compiled:
+    """Compile *stmt* for *dialect*, with queue-storage schema *schema* rendered in (if any)."""
+    options: dict[str, Any] = {}
+    if schema is not None:
+        options = {"schema_translate_map": translate_map(schema), "render_schema_translate": True}
+    compiled = stmt.compile(dialect=dialect, **options)
+    assert isinstance(compiled, SQLCompiler)  # a statement, not DDL
+    defaults = {
+        compiled.bind_names[bind]: bind.effective_value
+        for bind in compiled.binds.values()
+        if not bind.required
+    }
+    return Compiled(compiled.string, defaults)
+
+
+_cache: WeakKeyDictionary[Dialect, dict[tuple[ClauseElement, str | None], Compiled]] = (
+    WeakKeyDictionary()
+)
+"""Per dialect, so an engine's entries go with it; statements are memoised, so keyed by identity."""
+
+
+def compiled(stmt: ClauseElement, dialect: Dialect, schema: str | None = None) -> Compiled:
+    """The text of *stmt* for *dialect* and *schema*, compiled on first use only."""
+    per_dialect = _cache.get(dialect)
+    if per_dialect is None:
+        per_dialect = _cache.setdefault(dialect, {})
+    found = per_dialect.get((stmt, schema))
+    if found is None:
+        found = per_dialect[(stmt, schema)] = compile_statement(stmt, dialect, schema)
+    return found
+
+
+def execute(
+    conn: Connection,
+    stmt: ClauseElement,
+    params: Mapping[str, Any] | None = None,
+    schema: str | None = None,
+) -> CursorResult[Any]:
+    """Run *stmt* on *conn*: its compiled text and *params*, in whatever transaction is open."""
+    text = compiled(stmt, conn.dialect, schema)
+    return conn.exec_driver_sql(text.sql, text.params(params or {}))

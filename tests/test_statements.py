@@ -8,6 +8,7 @@ leave the queue-storage schema to ``schema_translate_map``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -55,47 +56,66 @@ def test_routing_lock_is_a_share_lock() -> None:
     assert sql.rstrip().endswith("FOR SHARE")
 
 
-@pytest.mark.parametrize("tag", ["snooze", "retry_after", "retry_backoff"])
-def test_canonical_move_reads_routing_only_when_routed(tag: statements.KindTag) -> None:
-    routed = _compile(statements.canonical_move(tag, True))
-    direct = _compile(statements.canonical_move(tag, False))
-    assert "routing AS MATERIALIZED" in routed
+@pytest.mark.parametrize("batch", [False, True])
+def test_canonical_move_reads_routing_only_when_routed(batch: bool) -> None:
+    routed = _compile(statements.canonical_move(True, batch))
+    direct = _compile(statements.canonical_move(False, batch))
+    assert "head AS MATERIALIZED" in routed
     assert "awa.active_queue_storage_schema()" in routed
     assert "active_queue_storage_schema" not in direct
     for sql in (routed, direct):
         assert sql.count("DELETE FROM awa.jobs_hot") == 1
         assert sql.count("INSERT INTO awa.scheduled_jobs") == 1
         assert "callback_id IS NULL" not in sql  # no callback exclusion canonically
-    assert ("backoff_duration(CAST(taken.attempt AS SMALLINT)" in routed) == (
-        tag == "retry_backoff"
-    )
-    assert ("CAST(%(b_delay)s AS DOUBLE PRECISION)" in routed) == (tag != "retry_backoff")
-    assert "ELSE 300000 END" in routed  # run_at must load as a Python datetime
+        # The kind is a per-row value: one statement serves a mixed batch.
+        backoff = "WHEN (taken.tag = 'retry_backoff') THEN awa.backoff_duration("
+        assert backoff + "CAST(taken.attempt AS SMALLINT)" in sql
+        assert "ELSE make_interval(0, 0, 0, 0, 0, 0, taken.delay)" in sql
+        assert "ELSE 300000 END" in sql  # run_at must load as a Python datetime
+
+
+@pytest.mark.parametrize(
+    "builder", [partial(statements.canonical_move, True), statements.take_and_allocate]
+)
+def test_moving_statements_take_a_batch_as_arrays(builder: Callable[[bool], Any]) -> None:
+    """One row per attempt, its position kept, the first of each (job_id, lease) winning."""
+    sql = _compile(builder(True), "awa_qs")
+    assert "unnest(%(guard_id)s::BIGINT[], %(guard_lease)s::BIGINT[], %(b_tag)s::TEXT[]" in sql
+    assert "WITH ORDINALITY AS item(job_id, lease, tag, delay, error, new_progress, ord)" in sql
+    assert "SELECT DISTINCT ON (item.job_id, item.lease)" in sql
+    assert "ORDER BY item.job_id, item.lease, item.ord" in sql
+    assert "GROUP BY candidate.unique_key" in sql  # the shared-key check
+    single = _compile(builder(False), "awa_qs")  # scalars: a plan PostgreSQL can cache
+    assert "unnest" not in single
+    assert "CAST(%(guard_id)s::BIGINT AS BIGINT) AS job_id" in single
+    assert "false AS shared_key" in single
 
 
 def test_scheduled_insert_lists_all_27_columns() -> None:
-    sql = _compile(statements.canonical_move("snooze", False))
+    sql = _compile(statements.canonical_move(False, True))
     insert = sql.split("INSERT INTO awa.scheduled_jobs (", 1)[1].split(")", 1)[0]
     assert [c.strip() for c in insert.split(",")] == [c.name for c in statements.scheduled_jobs.c]
 
 
 def test_take_excludes_callback_wiring_and_allocates_from_the_schema_sequence() -> None:
-    sql = _compile(statements.take_and_allocate("retry_after"), "awa_qs")
+    sql = _compile(statements.take_and_allocate(True), "awa_qs")
     for column in statements.CALLBACK_COLUMNS:
         assert f"awa.jobs_hot.{column} IS NULL" in sql
     assert "nextval('awa_qs.job_id_seq')" in sql
     assert "jobs_id_seq" not in sql
+    assert "FROM timed ORDER BY timed.ord" in sql  # fresh ids in the caller's order
 
 
 def test_deferred_insert_lists_all_16_columns_in_order() -> None:
-    sql = _compile(statements.insert_deferred(), "awa_qs")
+    sql = _compile(statements.insert_deferred(True), "awa_qs")
     head = sql.split("INSERT INTO awa_qs.deferred_jobs (", 1)[1].split(")", 1)[0]
     assert [c.strip() for c in head.split(",")] == [c.name for c in queue_storage.deferred_jobs.c]
+    assert "FROM unnest(%(b_job_id)s::BIGINT[]" in sql  # one row per successor
     assert "RETURNING" not in sql
 
 
 def test_claim_upsert_always_targets_schema_awa() -> None:
-    sql = _compile(statements.claim_unique_key(), "awa_qs")
+    sql = _compile(statements.claim_unique_keys(True), "awa_qs")
     assert "INSERT INTO awa.job_unique_claims" in sql
     assert "ON CONFLICT (unique_key) DO UPDATE" in sql
     assert "WHERE awa.job_unique_claims.job_id = excluded.job_id" in sql

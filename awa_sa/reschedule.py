@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, CursorResult, Engine, Row
-from sqlalchemy.sql.elements import ClauseElement
+from sqlalchemy import Connection, Engine, Row
 
-from awa_sa import compiled, statements
+from awa_sa import statements
+from awa_sa.compiled import execute
 from awa_sa.errors import DatabaseError, UniqueConflict, ValidationError, translated
 from awa_sa.kinds import (
     Attempt,
@@ -211,15 +211,15 @@ def run(conn: Connection, call: Call) -> Outcome:
 
 def run_all(conn: Connection, calls: Sequence[Call]) -> list[Outcome]:
     """The flow for validated calls, inside whatever transaction *conn* has."""
-    with translated():
-        autocommit = getattr(conn.connection.dbapi_connection, "autocommit", False)
-    if autocommit:
-        # Each statement would commit alone: the routing lock would be gone before the write,
-        # and the savepoints would protect nothing.
-        raise ValidationError("bind is in AUTOCOMMIT mode; the reschedule needs a transaction")
     trace = _Trace()
     try:
-        with translated():  # savepoint statements too
+        with translated():  # the statements, savepoints, and a connection that died midway
+            if getattr(conn.connection.dbapi_connection, "autocommit", False):
+                # Each statement would commit alone: the routing lock would be gone before the
+                # write, and the savepoints would protect nothing.
+                raise ValidationError(
+                    "bind is in AUTOCOMMIT mode; the reschedule needs a transaction"
+                )
             outcomes = _flow(conn, calls, trace)
         trace.outcomes = [type(outcome).__name__ for outcome in outcomes]
         return outcomes
@@ -264,12 +264,12 @@ def _items(calls: Sequence[Call]) -> tuple[bool, Mapping[str, Any]]:
 
 
 def _flow(conn: Connection, calls: Sequence[Call], trace: _Trace) -> list[Outcome]:
-    if _execute(conn, statements.routing_lock()).first() is None:
+    if execute(conn, statements.routing_lock()).first() is None:
         trace.routing = "canonical (no transition singleton)"
         return _canonical(conn, calls)
     trace.routing = "canonical"  # the next statement writes, and so can fail, only then
     batch, items = _items(calls)
-    rows = _execute(conn, statements.canonical_move(True, batch), items).all()
+    rows = execute(conn, statements.canonical_move(True, batch), items).all()
     schema: str | None = rows[0].s
     if schema is None:
         return _rescheduled(conn, calls, rows)
@@ -283,7 +283,7 @@ def _flow(conn: Connection, calls: Sequence[Call], trace: _Trace) -> list[Outcom
 
 def _canonical(conn: Connection, calls: Sequence[Call]) -> list[Outcome]:
     batch, items = _items(calls)
-    rows = _execute(conn, statements.canonical_move(False, batch), items).all()
+    rows = execute(conn, statements.canonical_move(False, batch), items).all()
     return _rescheduled(conn, calls, rows)
 
 
@@ -303,7 +303,7 @@ def _rescheduled(conn: Connection, calls: Sequence[Call], rows: Sequence[Any]) -
 
 def _queue_storage(conn: Connection, calls: Sequence[Call], schema: str) -> list[Outcome]:
     batch, items = _items(calls)
-    rows = _execute(conn, statements.take_and_allocate(batch), items, schema).all()
+    rows = execute(conn, statements.take_and_allocate(batch), items, schema).all()
     if rows[0].shared_key:
         return [_queue_storage(conn, [call], schema)[0] for call in calls]
     taken = [row for row in rows if row.ord is not None]
@@ -341,13 +341,14 @@ def _defer(
     pending, lost = taken, list[Row[Any]]()
     while pending:
         try:
-            with conn.begin_nested():
+            # Translated inside the try, so that a unique violation is caught as one.
+            with translated(), conn.begin_nested():
                 claiming = [r for r in pending if _claims(r.unique_key, r.unique_states, r.state)]
                 missing = _unacquired(conn, claiming)
                 if missing:
                     raise _Lost(missing)
                 batch, successors = _binds([_successor(row) for row in pending])
-                _execute(conn, statements.insert_deferred(batch), successors, schema)
+                execute(conn, statements.insert_deferred(batch), successors, schema)
             return pending, lost
         except _Lost as exc:
             lost += exc.rows
@@ -369,17 +370,17 @@ def _successor(row: Row[Any]) -> dict[str, Any]:
 
 
 def _cancel_duplicate(conn: Connection, take: Row[Any], schema: str) -> Outcome:
-    ring = _execute(conn, statements.ring_cursor(), {}, schema).first()
+    ring = execute(conn, statements.ring_cursor(), {}, schema).first()
     if ring is None:
         raise DatabaseError(f"{schema}.queue_ring_state has no singleton row")
     lane = {"b_queue": take.queue, "b_priority": take.priority}
     key = {"b_lane_key": f"{schema}:{take.queue}:{take.priority}:0"}
-    _execute(conn, statements.lane_lock(), key)
-    _execute(conn, statements.ensure_lane_row(), lane, schema)
-    _execute(conn, statements.ensure_lane_head("enqueue"), lane, schema)
-    _execute(conn, statements.ensure_lane_head("claim"), lane, schema)
-    _execute(conn, statements.ensure_lane_sequences(), lane, schema)
-    finalized_at = _execute(conn, statements.clock()).scalar_one()
+    execute(conn, statements.lane_lock(), key)
+    execute(conn, statements.ensure_lane_row(), lane, schema)
+    execute(conn, statements.ensure_lane_head("enqueue"), lane, schema)
+    execute(conn, statements.ensure_lane_head("claim"), lane, schema)
+    execute(conn, statements.ensure_lane_sequences(), lane, schema)
+    finalized_at = execute(conn, statements.clock()).scalar_one()
     lifecycle = {
         "error": statements.LIFECYCLE_DUPLICATE,
         "attempt": take.attempt,
@@ -394,18 +395,18 @@ def _cancel_duplicate(conn: Connection, take: Row[Any], schema: str) -> Outcome:
         "b_lifecycle_error": json.dumps(lifecycle),
     }
     try:
-        with conn.begin_nested():  # savepoint b
+        with translated(), conn.begin_nested():  # savepoint b
             if _claims(take.unique_key, take.unique_states, "cancelled") and _unacquired(
                 conn, [take]
             ):
                 raise UniqueConflict(
                     statements.CLAIM_CONSTRAINT, "unique claim held by another job"
                 )
-            _execute(conn, statements.insert_cancelled(), row, schema)
+            execute(conn, statements.insert_cancelled(), row, schema)
     except UniqueConflict:
         # Last resort: the newer holder keeps the key; the record keeps everything else.
         stripped = {**row, "b_unique_key": None, "b_unique_states": None}
-        _execute(conn, statements.insert_cancelled(), stripped, schema)
+        execute(conn, statements.insert_cancelled(), stripped, schema)
     return CancelledDuplicate(take.job_id)
 
 
@@ -422,18 +423,8 @@ def _unacquired(conn: Connection, rows: Sequence[Row[Any]]) -> list[Row[Any]]:
     if not rows:
         return []
     batch, params = _binds([{"b_unique_key": r.unique_key, "b_job_id": r.job_id} for r in rows])
-    acquired = set(_execute(conn, statements.claim_unique_keys(batch), params).scalars())
+    acquired = set(execute(conn, statements.claim_unique_keys(batch), params).scalars())
     return [row for row in rows if row.job_id not in acquired]
-
-
-def _execute(
-    conn: Connection,
-    stmt: ClauseElement,
-    params: Mapping[str, Any] | None = None,
-    schema: str | None = None,
-) -> CursorResult[Any]:
-    with translated():  # so that savepoint a and b can catch a UniqueConflict
-        return compiled.execute(conn, stmt, params, schema)
 
 
 def rfc3339_now() -> str:

@@ -60,6 +60,9 @@ class Jobs:
                 ),
                 {"n": count},
             ).all()
+            # A live jobs_hot has statistics (autovacuum); a bulk-filled one has none, and then
+            # PostgreSQL may plan a batch's join of items and rows as a quadratic nested loop.
+            conn.execute(sa.text("ANALYZE awa.jobs_hot"))
         self._ids = iter([(r.id, r.run_lease) for r in rows])
 
     def take(self, count: int) -> list[tuple[int, int]]:

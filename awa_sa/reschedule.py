@@ -193,7 +193,9 @@ def reschedule_canonical_attempts(
     The cost does not grow in statements with the batch: 2 on the canonical path, about 10 in
     queue storage, plus the single-attempt path for each cancelled duplicate. The exception is
     a batch in which two rows share a unique key: the order then matters, so it goes one
-    attempt at a time (same outcomes, one move or take per attempt).
+    attempt at a time (same outcomes, one move or take per attempt). Large batches rely on
+    ``awa.jobs_hot`` having statistics, as autovacuum keeps them: on a table bulk-loaded and
+    never analysed, PostgreSQL can join items to rows in quadratic time.
 
     What differs from one by one: the dirty marks (``awa.admin_dirty_*_marks``) are appended per
     statement, one per distinct queue and kind, so a batch appends fewer identical marks (the

@@ -156,11 +156,15 @@ def test_autocommit_bind_is_refused(engine: sa.Engine) -> None:
 
 @pytest.mark.parametrize("phase", ["canonical", "mixed_transition"])
 def test_backoff_overflow_changes_nothing(cluster: Any, phase: str) -> None:
-    """attempt >= 44: ``now() + backoff_duration`` overflows (22008, or 22003 from 1024)."""
+    """Attempts whose backoff always overflows: 22003 from 1024 (2^1024 is not a double).
+
+    From 43 to about 1023 v040's result depends on the jitter (an error, or an arbitrary run_at);
+    tests/test_hostile_input.py accepts exactly those outcomes.
+    """
     cluster.set_phase(phase, "awa_qs")
     with cluster.engine.begin() as conn:
         advance_all(conn)
-        jobs = {a: insert_job(conn, attempt=a, max_attempts=1000) for a in (44, 47, 1024)}
+        jobs = {a: insert_job(conn, attempt=a, max_attempts=1000) for a in (1024, 2000)}
     before = snapshot_of(cluster.engine)
     for attempt, job in jobs.items():
         with pytest.raises(DatabaseError) as info:

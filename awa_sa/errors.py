@@ -64,6 +64,31 @@ class DatabaseError(AwaSAError):
         self.sqlstate = sqlstate
 
 
+class StatusError(AwaSAError):
+    """The database cannot be described as an Awa v040 cluster (``awa-sa status``)."""
+
+
+class NotAnAwaCluster(StatusError):
+    """No ``awa.schema_version`` table: ``awa migrate`` never ran against this database."""
+
+
+class UnsupportedSchemaVersion(StatusError):
+    """An Awa cluster, but not at the schema version awa-sa was written for."""
+
+    def __init__(self, version: int | None, supported: int) -> None:
+        shown = "no version rows" if version is None else f"v{version:03d}"
+        super().__init__(f"Awa schema is {shown}; awa-sa supports v{supported:03d} (awa-cli 0.6.x)")
+        self.version = version
+
+
+class EmbeddedPostgresError(AwaSAError, RuntimeError):
+    """The throwaway server could not be found, initialised or started."""
+
+
+class DemoUnavailable(AwaSAError, RuntimeError):
+    """Something the demo needs (server binaries, the Alembic fixture) is not installed."""
+
+
 def translate_db_error(exc: sqlalchemy.exc.DBAPIError) -> AwaSAError:
     """The awa-sa error for a driver error; the caller raises it ``from exc``.
 

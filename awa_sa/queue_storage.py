@@ -106,30 +106,6 @@ done_entries = Table(
     PrimaryKeyConstraint(*_LANE_KEY),
 )
 
-ready_entries = Table(
-    "ready_entries",
-    metadata,
-    Column("ready_slot", Integer, nullable=False),
-    Column("ready_generation", BigInteger, nullable=False),
-    Column("job_id", BigInteger, nullable=False),
-    Column("kind", Text, nullable=False),
-    Column("queue", Text, nullable=False),
-    Column("args", JSONB, nullable=False),
-    Column("priority", SmallInteger, nullable=False),
-    Column("attempt", SmallInteger, nullable=False),
-    Column("run_lease", BigInteger, nullable=False),
-    Column("max_attempts", SmallInteger, nullable=False),
-    Column("lane_seq", BigInteger, nullable=False),
-    Column("enqueue_shard", SmallInteger, nullable=False),
-    Column("run_at", Timestamp, nullable=False),
-    Column("attempted_at", Timestamp),
-    Column("created_at", Timestamp, nullable=False),
-    Column("unique_key", LargeBinary),
-    Column("unique_states", Text),
-    Column("payload", JSONB),
-    PrimaryKeyConstraint(*_LANE_KEY),
-)
-
 queue_ring_state = Table(
     "queue_ring_state",
     metadata,

@@ -12,7 +12,6 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
-    Integer,
     LargeBinary,
     MetaData,
     SmallInteger,
@@ -110,39 +109,5 @@ storage_transition_state = Table(
     Column("entered_at", Timestamp, nullable=False),
     Column("updated_at", Timestamp, nullable=False),
     Column("finalized_at", Timestamp),
-    schema=AWA_SCHEMA,
-)
-
-runtime_storage_backends = Table(
-    "runtime_storage_backends",
-    metadata,
-    Column("backend", Text, primary_key=True),
-    Column("schema_name", Text, nullable=False),
-    Column("updated_at", Timestamp, nullable=False),
-    schema=AWA_SCHEMA,
-)
-
-admin_dirty_queue_marks = Table(
-    "admin_dirty_queue_marks",
-    metadata,
-    Column("queue", Text, nullable=False),
-    Column("touched_at", Timestamp, nullable=False),
-    schema=AWA_SCHEMA,
-)
-
-admin_dirty_kind_marks = Table(
-    "admin_dirty_kind_marks",
-    metadata,
-    Column("kind", Text, nullable=False),
-    Column("touched_at", Timestamp, nullable=False),
-    schema=AWA_SCHEMA,
-)
-
-schema_version = Table(
-    "schema_version",
-    metadata,
-    Column("version", Integer, primary_key=True),
-    Column("description", Text, nullable=False),
-    Column("applied_at", Timestamp, nullable=False),
     schema=AWA_SCHEMA,
 )

@@ -1,6 +1,6 @@
 """``python -m bench``: awa-sa's per-call cost over the raw-psycopg floor, and batch throughput.
 
-Everything runs in one process against one throwaway PostgreSQL (``awa_sa.embedded``) holding
+Everything runs in one process against one throwaway PostgreSQL (``awa_sa.tools.server``) holding
 the Alembic fixture twice: database ``canon`` keeps canonical routing, ``qs`` is flipped into
 ``mixed_transition`` towards ``awa_qs``. Variants are interleaved round by round, so drift on a
 busy machine (other processes, autovacuum, a warming cache) lands on every variant alike, and
@@ -34,8 +34,8 @@ from awa_sa import (
 )
 from awa_sa import asyncio as awa_async
 from awa_sa.compiled import Compiled, compile_statement
-from awa_sa.embedded import EmbeddedPostgres, embedded_postgres
-from awa_sa.sql_listing import DIALECT
+from awa_sa.tools.listing import DIALECT
+from awa_sa.tools.server import EmbeddedPostgres, embedded_postgres
 from bench.floor import run_async, run_sync
 
 Op = Callable[[int, int], Any]

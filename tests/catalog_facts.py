@@ -24,7 +24,7 @@ from typing import Any
 import sqlalchemy as sa
 from pytest_postgresql.janitor import DatabaseJanitor
 
-from awa_sa.embedded import EmbeddedPostgres
+from awa_sa.tools.server import EmbeddedPostgres
 
 # The spec's catalog, vendored next to the fixture it describes so that a clean clone can run the
 # suite; AWA_SA_CATALOG points elsewhere (test_catalog_parity checks it equals the shared spec).

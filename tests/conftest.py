@@ -22,7 +22,7 @@ from pytest_postgresql.janitor import DatabaseJanitor
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import awa_sa_schema  # built by schema/ (Alembic)
-from awa_sa.embedded import EmbeddedPostgres, embedded_postgres
+from awa_sa.tools.server import EmbeddedPostgres, embedded_postgres
 
 FIXTURE_SCHEMAS = ("awa", "awa_qs")
 

@@ -20,9 +20,9 @@ from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 import awa_sa_schema
 from awa_sa import queue_storage as qs
 from awa_sa import statements
-from awa_sa.embedded import EmbeddedPostgres
-from awa_sa.sql_listing import compile_statement
 from awa_sa.tables import jobs_hot, scheduled_jobs
+from awa_sa.tools.listing import compile_statement
+from awa_sa.tools.server import EmbeddedPostgres
 
 OUTCOMES = ("Rescheduled", "Migrated", "CancelledDuplicate", "Stale")
 

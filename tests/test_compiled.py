@@ -14,9 +14,10 @@ import sqlalchemy as sa
 from jobs import insert_job
 
 import awa_sa_schema
-from awa_sa import compiled, queue_storage, sql_listing, statements
+from awa_sa import compiled, queue_storage, statements
 from awa_sa.kinds import RetryAfter, Snooze
 from awa_sa.reschedule import prepare
+from awa_sa.tools import listing
 
 
 def test_sent_text_is_the_listed_text(engine: sa.Engine) -> None:
@@ -26,7 +27,7 @@ def test_sent_text_is_the_listed_text(engine: sa.Engine) -> None:
     for builder in statements.all_builders():
         for schema in ("awa", "awa_qs"):
             sent = compiled.compiled(builder(), engine.dialect, schema)
-            assert sent.sql == sql_listing.compile_statement(builder(), schema)
+            assert sent.sql == listing.compile_statement(builder(), schema)
             assert compiled.compiled(builder(), engine.dialect, schema) is sent
             assert sent.defaults == {}  # every bind is required: a missing one is an error
 

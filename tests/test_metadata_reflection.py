@@ -6,14 +6,23 @@ the wrong nullability here would pass every fixture test and break in production
 
 from __future__ import annotations
 
+import observed_tables
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from awa_sa import queue_storage, tables
+from awa_sa.tools.status import schema_version
 
-CANONICAL = list(tables.metadata.sorted_tables)
-QUEUE_STORAGE = list(queue_storage.metadata.sorted_tables)
+CANONICAL = [
+    *tables.metadata.sorted_tables,
+    *observed_tables.metadata.sorted_tables,
+    schema_version,
+]
+QUEUE_STORAGE = [
+    *queue_storage.metadata.sorted_tables,
+    *observed_tables.queue_storage_metadata.sorted_tables,
+]
 
 
 def _shape(table: sa.Table) -> tuple[list[tuple[str, str, bool]], list[str]]:

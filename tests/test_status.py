@@ -1,4 +1,4 @@
-"""``awa_sa.status``: phase, routing and backlog counts, on the fixture and on a real cluster."""
+"""Cluster status: phase, routing and backlog counts, on the fixture and on a real cluster."""
 
 from __future__ import annotations
 
@@ -10,13 +10,9 @@ from conftest import Cluster
 
 import awa_sa_schema
 from awa_sa import queue_storage as qs
-from awa_sa.status import (
-    NotAnAwaCluster,
-    UnsupportedSchemaVersion,
-    read_status,
-    read_status_in,
-)
-from awa_sa.tables import jobs_hot, scheduled_jobs, schema_version
+from awa_sa.errors import NotAnAwaCluster, UnsupportedSchemaVersion
+from awa_sa.tables import jobs_hot, scheduled_jobs
+from awa_sa.tools.status import read_status, read_status_in, schema_version
 
 # phase -> (state, epoch, routing) as awa's CLI leaves them, routing to awa_qs once flipped.
 EXPECTED = {

@@ -18,6 +18,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from awa_sa.errors import EmbeddedPostgresError
+
 _BINDIR_CANDIDATES = (
     "/usr/lib/postgresql/15/bin",
     "/usr/lib/postgresql/16/bin",
@@ -32,10 +34,6 @@ _FAST_SETTINGS = (
     "max_connections=200",
     "shared_buffers=128MB",
 )
-
-
-class EmbeddedPostgresError(RuntimeError):
-    """The throwaway server could not be found, initialised or started."""
 
 
 def find_bindir() -> Path:

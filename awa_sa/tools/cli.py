@@ -20,10 +20,10 @@ from typing import NoReturn
 import click
 import sqlalchemy as sa
 
-from awa_sa import demo as demo_mod
-from awa_sa import sql_listing
-from awa_sa.errors import AwaSAError
-from awa_sa.status import ClusterStatus, read_status
+from awa_sa.errors import AwaSAError, DemoUnavailable
+from awa_sa.tools import demo as demo_mod
+from awa_sa.tools import listing
+from awa_sa.tools.status import ClusterStatus, read_status
 
 _CONNECT_TIMEOUT_SECS = 10
 """Long enough for a slow network, short enough that a wrong host does not look like a hang."""
@@ -126,7 +126,7 @@ def demo(url: str | None) -> None:
     except KeyboardInterrupt:
         click.echo("interrupted; everything the demo started has been removed", err=True)
         sys.exit(130)
-    except demo_mod.DemoUnavailable as exc:
+    except DemoUnavailable as exc:
         fail(str(exc))
     click.echo(f"done in {time.monotonic() - started:.1f} s; everything it created is removed")
 
@@ -142,7 +142,7 @@ def demo(url: str | None) -> None:
 def sql(schema: str) -> None:
     """Print every statement awa-sa can send, compiled for PostgreSQL."""
     with friendly_errors("cannot render statements"):
-        blocks = sql_listing.render_all(schema)
+        blocks = listing.render_all(schema)
     for block in blocks:
         click.echo(f"-- {block.title}")
         if block.description:

@@ -17,39 +17,24 @@ from dataclasses import dataclass, field
 import sqlalchemy as sa
 
 from awa_sa import queue_storage
-from awa_sa.errors import AwaSAError, InvalidSchemaName
-from awa_sa.tables import (
-    jobs_hot,
-    scheduled_jobs,
-    schema_version,
-    storage_transition_state,
+from awa_sa.errors import InvalidSchemaName, NotAnAwaCluster, UnsupportedSchemaVersion
+from awa_sa.tables import AWA_SCHEMA, Timestamp, jobs_hot, scheduled_jobs, storage_transition_state
+
+schema_version = sa.Table(
+    "schema_version",
+    sa.MetaData(),
+    sa.Column("version", sa.Integer, primary_key=True),
+    sa.Column("description", sa.Text, nullable=False),
+    sa.Column("applied_at", Timestamp, nullable=False),
+    schema=AWA_SCHEMA,
 )
+"""The migrations Awa has applied; only ``status`` reads it, so it is declared here."""
 
 SUPPORTED_SCHEMA_VERSION = 40
 """awa-sa speaks exactly the v040 schema (awa-cli 0.6.x); v041+ changed the ring cursor."""
 
 TERMINAL_STATES = frozenset({"completed", "failed", "cancelled"})
 """States that do not count towards the finalize gate in ``jobs_hot``."""
-
-
-class StatusError(AwaSAError):
-    """The database cannot be described as an Awa v040 cluster."""
-
-
-class NotAnAwaCluster(StatusError):
-    """No ``awa.schema_version`` table: ``awa migrate`` never ran against this database."""
-
-
-class UnsupportedSchemaVersion(StatusError):
-    """An Awa cluster, but not at the schema version awa-sa was written for."""
-
-    def __init__(self, version: int | None) -> None:
-        shown = "no version rows" if version is None else f"v{version:03d}"
-        super().__init__(
-            f"Awa schema is {shown}; awa-sa supports v{SUPPORTED_SCHEMA_VERSION:03d} "
-            "(awa-cli 0.6.x)"
-        )
-        self.version = version
 
 
 @dataclass(frozen=True)
@@ -123,7 +108,9 @@ def _check_version(conn: sa.Connection) -> int:
         raise NotAnAwaCluster("not an Awa cluster: awa.schema_version does not exist")
     version = conn.execute(sa.select(sa.func.max(schema_version.c.version))).scalar()
     if version != SUPPORTED_SCHEMA_VERSION:
-        raise UnsupportedSchemaVersion(None if version is None else int(version))
+        raise UnsupportedSchemaVersion(
+            None if version is None else int(version), SUPPORTED_SCHEMA_VERSION
+        )
     return int(version)
 
 

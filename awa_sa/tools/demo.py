@@ -26,7 +26,7 @@ import sqlalchemy as sa
 
 from awa_sa import queue_storage as qs
 from awa_sa import reschedule_canonical_attempt
-from awa_sa.embedded import EmbeddedPostgresError, embedded_postgres
+from awa_sa.errors import DemoUnavailable, EmbeddedPostgresError
 from awa_sa.kinds import (
     CancelledDuplicate,
     Kind,
@@ -37,8 +37,9 @@ from awa_sa.kinds import (
     RetryBackoff,
     Snooze,
 )
-from awa_sa.status import read_status_in
 from awa_sa.tables import job_unique_claims, jobs_hot, scheduled_jobs
+from awa_sa.tools.server import embedded_postgres
+from awa_sa.tools.status import read_status_in
 
 Emit = Callable[[str], None]
 
@@ -59,10 +60,6 @@ WORKER_ADVICE = {
     "Stale": "someone else already settled this attempt; drop the result (nothing was written)",
 }
 """What the caller of reschedule_canonical_attempt should do next, per outcome (spec §6)."""
-
-
-class DemoUnavailable(RuntimeError):
-    """Something the demo needs (server binaries, the Alembic fixture) is not installed."""
 
 
 def _fixture_builder() -> ModuleType:

@@ -1,25 +1,86 @@
-"""The floor: awa-sa's own SQL text sent through raw psycopg 3, prepared, same round trips.
+"""The floors: the canonical reschedule done by hand on each raw driver.
 
-The text and its parameters are the library's own (:mod:`awa_sa.compiled`), so the only difference
-left between the two sides is the SQLAlchemy layer itself.
+BEGIN, the lock, the move, COMMIT: the text awa-sa sends on that driver (:mod:`bench.workload`),
+prepared where the driver prepares (psycopg 3 explicitly, asyncpg always; psycopg2 binds on the
+client and has no prepared statements). What is left between a floor and awa-sa on the same
+driver is SQLAlchemy and awa-sa, nothing else.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import asyncpg
 import psycopg
+import psycopg2
 
-from awa_sa.compiled import Compiled
+from bench.workload import Text, move_values
+
+Op = Callable[[int, int], Any]
+Close = Callable[[], None]
 
 
-def run_sync(conn: psycopg.Connection[Any], stmt: Compiled, values: Mapping[str, Any]) -> Any:
-    return conn.execute(stmt.sql, stmt.params(values), prepare=True).fetchall()
+def blocking(loop: asyncio.AbstractEventLoop, fn: Callable[[int, int], Awaitable[Any]]) -> Op:
+    return lambda job_id, lease: loop.run_until_complete(fn(job_id, lease))
 
 
-async def run_async(
-    conn: psycopg.AsyncConnection[Any], stmt: Compiled, values: Mapping[str, Any]
-) -> Any:
-    cur = await conn.execute(stmt.sql, stmt.params(values), prepare=True)
-    return await cur.fetchall()
+def psycopg_floor(dsn: str, texts: tuple[Text, Text]) -> tuple[Op, Close]:
+    lock, move = texts
+    conn = psycopg.connect(dsn)
+
+    def op(job_id: int, lease: int) -> Any:
+        conn.execute(lock.sql, prepare=True).fetchall()
+        rows = conn.execute(move.sql, move.bind(move_values(job_id, lease)), prepare=True)
+        out = rows.fetchall()
+        conn.commit()
+        return out
+
+    return op, conn.close
+
+
+def psycopg_async_floor(
+    dsn: str, texts: tuple[Text, Text], loop: asyncio.AbstractEventLoop
+) -> tuple[Op, Close]:
+    lock, move = texts
+    conn = loop.run_until_complete(psycopg.AsyncConnection.connect(dsn))
+
+    async def op(job_id: int, lease: int) -> Any:
+        await (await conn.execute(lock.sql, prepare=True)).fetchall()
+        cur = await conn.execute(move.sql, move.bind(move_values(job_id, lease)), prepare=True)
+        out = await cur.fetchall()
+        await conn.commit()
+        return out
+
+    return blocking(loop, op), lambda: loop.run_until_complete(conn.close())
+
+
+def psycopg2_floor(dsn: str, texts: tuple[Text, Text]) -> tuple[Op, Close]:
+    lock, move = texts
+    conn = psycopg2.connect(dsn)
+
+    def op(job_id: int, lease: int) -> Any:
+        with conn.cursor() as cur:
+            cur.execute(lock.sql)
+            cur.fetchall()
+            cur.execute(move.sql, move.bind(move_values(job_id, lease)))
+            out = cur.fetchall()
+        conn.commit()
+        return out
+
+    return op, conn.close
+
+
+def asyncpg_floor(
+    dsn: str, texts: tuple[Text, Text], loop: asyncio.AbstractEventLoop
+) -> tuple[Op, Close]:
+    lock, move = texts
+    conn = loop.run_until_complete(asyncpg.connect(dsn))
+
+    async def op(job_id: int, lease: int) -> Any:
+        async with conn.transaction():
+            await conn.fetch(lock.sql)
+            return await conn.fetch(move.sql, *move.bind(move_values(job_id, lease)))
+
+    return blocking(loop, op), lambda: loop.run_until_complete(conn.close())

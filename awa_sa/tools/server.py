@@ -70,6 +70,8 @@ class EmbeddedPostgres:
     port: int = field(default_factory=_free_port)
     user: str = "postgres"
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="awa-sa-pg-")))
+    settings: tuple[str, ...] = ()
+    """Extra ``name=value`` server settings, after ours (the bench loads pg_stat_statements)."""
     _run_as: str | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
@@ -123,7 +125,7 @@ class EmbeddedPostgres:
         )
         options = " ".join(
             [f"-p {self.port}", f"-k {self.root}", f"-c listen_addresses={self.host}"]
-            + [f"-c {s}" for s in _FAST_SETTINGS]
+            + [f"-c {s}" for s in (*_FAST_SETTINGS, *self.settings)]
         )
         self._run(
             str(self.bindir / "pg_ctl"),
@@ -156,9 +158,9 @@ class EmbeddedPostgres:
 
 
 @contextmanager
-def embedded_postgres() -> Iterator[EmbeddedPostgres]:
+def embedded_postgres(settings: tuple[str, ...] = ()) -> Iterator[EmbeddedPostgres]:
     """Start a server, yield it, and remove it again whatever happens in between."""
-    server = EmbeddedPostgres()
+    server = EmbeddedPostgres(settings=settings)
     try:
         yield server.start()
     finally:

@@ -1,0 +1,160 @@
+"""Attempts per second with 1, 4 and 16 callers, each a process with its own connection.
+
+Processes, not threads, so that callers never queue for one interpreter lock and what is
+measured is the database and the client's own CPU. Every caller takes ``FOR SHARE`` on the
+same transition singleton: once two lockers overlap, PostgreSQL records them in a MultiXact,
+and each further overlapping locker creates a new one holding the live members. While the
+callers run, the parent samples ``pg_stat_activity`` (what the callers' backends wait on) and
+reads the MultiXact SLRU counters and how many MultiXact ids were used.
+
+On a 2-core machine the callers, their backends and the sampler share two cores, so the curve
+flattens at the CPU, not at the lock; the wait events say whether the lock ever shows.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from collections import Counter
+from collections.abc import Callable
+from multiprocessing.synchronize import Event
+from typing import Any
+
+import sqlalchemy as sa
+
+from awa_sa import reschedule_canonical_attempt
+from bench.floor import psycopg_floor
+from bench.workload import KIND, Jobs, canonical_texts
+
+APP = "awa-sa-bench-caller"
+CALLERS = (1, 4, 16)
+
+
+def _caller(
+    form: str,
+    url: str,
+    *,
+    ids: list[tuple[int, int]],
+    ready: Any,
+    start: Event,
+    seconds: float,
+    results: Any,
+) -> None:
+    """One caller: connect, warm up, wait for the start, reschedule until time or ids run out."""
+    op: Callable[[int, int], Any]
+    dsn = url.replace("+psycopg", "") + f"?application_name={APP}"
+    if form == "floor":
+        engine = sa.create_engine(url)
+        op, _ = psycopg_floor(dsn, canonical_texts(engine.dialect))
+    else:
+        engine = sa.create_engine(url, pool_size=1, connect_args={"application_name": APP})
+
+        def op(job_id: int, lease: int) -> Any:
+            return reschedule_canonical_attempt(engine, job_id, lease, KIND)
+
+    supply = iter(ids)
+    for _ in range(5):
+        op(*next(supply))
+    ready.release()
+    start.wait()
+    began = time.perf_counter()
+    deadline, done = began + seconds, 0
+    for job_id, lease in supply:
+        op(job_id, lease)
+        done += 1
+        if time.perf_counter() >= deadline:
+            break
+    results.put((done, time.perf_counter() - began))
+
+
+def run(url: str, seconds: float, rounds: int, rate: float = 5000) -> dict[str, Any]:
+    """Per caller count and form: attempts per second (best round), waits seen, MultiXacts used."""
+    ctx = mp.get_context("fork")
+    admin = sa.create_engine(url, poolclass=sa.NullPool)
+    out: dict[str, Any] = {}
+    try:
+        for callers in CALLERS:
+            for form in ("floor", "awa-sa Engine") * rounds:
+                quota = int(rate * seconds / callers) + 5 + 50  # more than they can use
+                jobs = Jobs(url)
+                jobs.seed(quota * callers)
+                ready, start, results = ctx.Semaphore(0), ctx.Event(), ctx.Queue()
+                procs = [
+                    ctx.Process(
+                        target=_caller,
+                        args=(form, url),
+                        kwargs={
+                            "ids": jobs.take(quota),
+                            "ready": ready,
+                            "start": start,
+                            "seconds": seconds,
+                            "results": results,
+                        },
+                    )
+                    for _ in range(callers)
+                ]
+                for proc in procs:
+                    proc.start()
+                for _ in procs:
+                    ready.acquire()
+                with admin.connect() as conn:
+                    before = _counters(conn)
+                    start.set()
+                    waits = _sample(conn, results, callers)
+                    after = _counters(conn)
+                finished = [results.get() for _ in procs]
+                for proc in procs:
+                    proc.join()
+                done = sum(n for n, _ in finished)
+                row = out.setdefault(f"{callers} {form}", {"per_s": 0.0})
+                per_s = done / max(t for _, t in finished)
+                if per_s > row["per_s"]:
+                    row.update(
+                        per_s=per_s,
+                        waits=waits,
+                        multixacts_per_attempt=(after["mxids"] - before["mxids"]) / done,
+                        slru={k: after[k] - before[k] for k in after if k != "mxids"},
+                    )
+    finally:
+        admin.dispose()
+    return out
+
+
+def _counters(conn: sa.Connection) -> dict[str, int]:
+    """MultiXact ids used so far in this database, and the MultiXact SLRU block counters."""
+    mxids = conn.execute(
+        sa.text("SELECT mxid_age(datminmxid) FROM pg_database WHERE datname = current_database()")
+    ).scalar_one()
+    slru = conn.execute(
+        sa.text(
+            "SELECT name, blks_zeroed, blks_hit, blks_read, blks_written FROM pg_stat_slru"
+            " WHERE name LIKE 'MultiXact%'"
+        )
+    ).all()
+    conn.rollback()
+    out = {"mxids": int(mxids)}
+    for name, *values in slru:
+        for column, value in zip(("zeroed", "hit", "read", "written"), values, strict=True):
+            out[f"{name} {column}"] = int(value)
+    return out
+
+
+def _sample(conn: sa.Connection, results: Any, callers: int) -> dict[str, float]:
+    """Share of samples of the callers' backends in each state, until the callers are done."""
+    seen: Counter[str] = Counter()
+    query = sa.text(
+        "SELECT state, wait_event_type, wait_event FROM pg_stat_activity"
+        " WHERE application_name = :app"
+    )
+    while results.qsize() < callers:
+        for state, kind, event in conn.execute(query, {"app": APP}):
+            if state == "idle in transaction" or (kind == "Client" and event == "ClientRead"):
+                seen["waiting for the client"] += 1
+            elif kind is None:
+                seen["on CPU"] += 1
+            else:
+                seen[f"{kind}:{event}"] += 1
+        conn.rollback()  # each sample a fresh snapshot of pg_stat_activity
+        time.sleep(0.005)
+    total = sum(seen.values()) or 1
+    return {name: n / total for name, n in seen.most_common()}

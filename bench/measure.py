@@ -1,0 +1,62 @@
+"""Interleaved timing: every variant a few calls per round, round after round.
+
+Drift on a busy machine (other processes, autovacuum, a warming cache) then lands on every
+variant alike, and medians resist outliers. Besides wall time, each call's CPU time in this
+thread (the client's Python, the driver and its system calls) is kept: the server's share of a
+call is the same for every variant, so the CPU column says where a gap comes from.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from bench.variants import Variant
+from bench.workload import Jobs
+
+
+@dataclass
+class Samples:
+    wall_us: list[float] = field(default_factory=list)
+    cpu_us: list[float] = field(default_factory=list)
+    round_trips: int = 0
+    calls: int = 0
+
+    def summary(self) -> dict[str, float]:
+        out = {
+            "wall_us": statistics.median(self.wall_us),
+            "cpu_us": statistics.median(self.cpu_us),
+        }
+        if self.round_trips:
+            out["round_trips"] = self.round_trips / self.calls
+        return out
+
+
+def interleave(
+    variants: Sequence[Variant],
+    jobs: Jobs,
+    *,
+    rounds: int,
+    per_round: int,
+    warmup: int,
+    count: Callable[[], int] | None = None,
+) -> dict[str, Samples]:
+    """Per-call samples of each variant; *count* (round trips so far) is read around each block."""
+    jobs.seed(len(variants) * (warmup + rounds * per_round))
+    samples = {v.name: Samples() for v in variants}
+    for round_ in range(rounds + 1):
+        for variant in variants:
+            s = samples[variant.name]
+            before = count() if count and round_ else 0
+            for job_id, lease in jobs.take(warmup if round_ == 0 else per_round):
+                wall, cpu = time.perf_counter_ns(), time.thread_time_ns()
+                variant.op(job_id, lease)
+                if round_:
+                    s.cpu_us.append((time.thread_time_ns() - cpu) / 1000)
+                    s.wall_us.append((time.perf_counter_ns() - wall) / 1000)
+            if count and round_:
+                s.round_trips += count() - before
+                s.calls += per_round
+    return samples

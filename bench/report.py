@@ -1,0 +1,115 @@
+"""The bench's printed report: one table per part, ratios always within this one run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+TARGET = {"Engine": 1.20, "Connection": 1.20, "AsyncEngine": 1.25, "AsyncConnection": 1.25}
+
+
+def report(r: dict[str, Any]) -> None:
+    m = r["machine"]
+    print(
+        f"{m['platform']}, {m['cpus']} CPUs, Python {m['python']}; cluster: {m['cluster']};"
+        f" load average {_load(m['load_average_before'])} before,"
+        f" {_load(m['load_average_after'])} after"
+    )
+    _single(r["single"])
+    _distance(r["distance"], r["single"]["groups"])
+    _server(r["server"])
+    _callers(r["callers"])
+    print("routing, psycopg Engine form (median per call)")
+    for name, median in r["routing_us"].items():
+        print(f"  {name:26} {median:9.1f} µs")
+    for key, title in (("batch", "canonical"), ("batch_queue_storage", "queue storage")):
+        print(f"batch vs single calls, {title} routing (attempts per second)")
+        for size, row in r[key].items():
+            speedup = row["batch_per_s"] / row["single_per_s"]
+            print(
+                f"  N={size:<5} batch {row['batch_per_s']:10.0f}/s   single"
+                f" {row['single_per_s']:8.0f}/s   {speedup:6.1f}x"
+            )
+    parts = ", ".join(f"{k} {v:.0f} s" for k, v in r["parts_seconds"].items())
+    print(f"parts: {parts}")
+
+
+def _load(avg: tuple[float, ...]) -> str:
+    return "/".join(f"{x:.2f}" for x in avg)
+
+
+def ratios(single: dict[str, Any], key: str = "wall_us") -> dict[str, float]:
+    """Each variant's median over its own driver's floor."""
+    figures, groups = single["variants"], single["groups"]
+    return {name: row[key] / figures[f"{groups[name]} floor"][key] for name, row in figures.items()}
+
+
+def _single(single: dict[str, Any]) -> None:
+    print("1. one canonical reschedule per call, server on loopback (medians)")
+    print(f"  {'':36} {'wall':>9} {'ratio':>6} {'target':>7}   {'client CPU':>10} {'ratio':>6}")
+    wall, cpu = ratios(single), ratios(single, "cpu_us")
+    for name, row in single["variants"].items():
+        form = name.rsplit(" ", 1)[-1]
+        target = TARGET.get(form) if "awa-sa" in name else None
+        verdict = "" if target is None else ("met" if wall[name] <= target else "MISSED")
+        shown = f"{target:.2f}x" if target else ""
+        print(
+            f"  {name:36} {row['wall_us']:7.1f}µs {wall[name]:5.2f}x {shown:>6} {verdict:6}"
+            f" {row['cpu_us']:8.1f}µs {cpu[name]:5.2f}x"
+        )
+    for name, why in single["skipped"].items():
+        print(f"  {name:36} not run: {why}")
+    print("  where an awa-sa form's time over the floor goes (wall µs): SQLAlchemy's / ours")
+    figures = single["variants"]
+    for name, row in figures.items():
+        if "awa-sa" not in name:
+            continue
+        group = single["groups"][name]
+        minimal = figures.get(name.replace("awa-sa", "SQLAlchemy"))
+        floor = figures[f"{group} floor"]["wall_us"]
+        if minimal:
+            sa_part = minimal["wall_us"] - floor
+            ours = row["wall_us"] - minimal["wall_us"]
+            print(f"    {name:34} {row['wall_us'] - floor:+7.1f} = {sa_part:+7.1f} / {ours:+7.1f}")
+
+
+def _distance(far: dict[str, Any], groups: dict[str, str]) -> None:
+    print(
+        f"2. the server {far['added_rtt_us'] / 1000:.2f} ms further away (measured per round"
+        " trip); round trips counted at the proxy"
+    )
+    figures = far["variants"]
+    for name, row in figures.items():
+        floor = figures.get(f"{groups.get(name, '')} floor")
+        ratio = row["wall_us"] / floor["wall_us"] if floor else float("nan")
+        print(
+            f"  {name:36} {row['round_trips']:4.1f} round trips  {row['wall_us']:8.1f}µs"
+            f"  {ratio:5.2f}x"
+        )
+
+
+def _server(server: dict[str, Any]) -> None:
+    print("3. database time per canonical reschedule (pg_stat_statements: execution + planning)")
+    for form, row in server.items():
+        print(
+            f"  {form:16} {row['ms_per_reschedule']:.3f} ms in"
+            f" {row['statements_per_reschedule']:.1f} statements"
+        )
+        for s in row["statements"]:
+            print(
+                f"    {s['exec_ms']:.3f} + {s['plan_ms']:.3f} ms  x{s['per_call']:.1f}"
+                f"  {' '.join(s['statement'].split())}"
+            )
+
+
+def _callers(callers: dict[str, Any]) -> None:
+    print("4. concurrent callers, own connection each, psycopg (attempts per second, best round)")
+    for name, row in callers.items():
+        waits = ", ".join(f"{k} {v:.0%}" for k, v in list(row["waits"].items())[:4])
+        print(
+            f"  {name:22} {row['per_s']:8.0f}/s  MultiXacts/attempt"
+            f" {row['multixacts_per_attempt']:.2f}  backends: {waits}"
+        )
+    for name, row in callers.items():
+        moved = {k: v for k, v in row["slru"].items() if v}
+        if moved:
+            print(f"  {name:22} MultiXact SLRU: {moved}")

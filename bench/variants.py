@@ -1,0 +1,175 @@
+"""Every way the bench reschedules one canonical attempt, grouped by driver.
+
+Per driver: the raw floor (:mod:`bench.floor`); SQLAlchemy's minimal path, ``exec_driver_sql``
+of the same two texts in one transaction, through an ``Engine`` (or ``AsyncEngine``) and through
+a held ``Connection``; and awa-sa in the same two forms. The SQLAlchemy rows show how much of
+the gap between awa-sa and the floor is SQLAlchemy's own, and the awa-sa rows what is left ours.
+
+A form awa-sa cannot run on a driver yet is left out and said so (``skipped``), so the bench
+still runs while a driver is being brought up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
+
+from awa_sa import asyncio as awa_async
+from awa_sa import reschedule_canonical_attempt
+from awa_sa.errors import AwaSAError
+from bench import floor
+from bench.floor import Close, Op, blocking
+from bench.workload import KIND, Jobs, canonical_texts, move_values
+
+
+@dataclass(frozen=True, slots=True)
+class Driver:
+    name: str  # the group and the floor's label
+    url_driver: str  # postgresql+<url_driver>://
+    is_async: bool
+    floor: Callable[..., tuple[Op, Close]]
+
+
+DRIVERS = (
+    Driver("psycopg", "psycopg", False, floor.psycopg_floor),
+    Driver("psycopg async", "psycopg", True, floor.psycopg_async_floor),
+    Driver("psycopg2", "psycopg2", False, floor.psycopg2_floor),
+    Driver("asyncpg", "asyncpg", True, floor.asyncpg_floor),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    group: str  # the driver; its floor is the variant named "<group> floor"
+    form: str  # "floor", "SQLAlchemy Engine", "awa-sa AsyncConnection", ...
+    op: Op
+
+    @property
+    def name(self) -> str:
+        return f"{self.group} {self.form}"
+
+
+@dataclass
+class Variants:
+    """The variants on one server address, and how to release everything they hold."""
+
+    items: list[Variant] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    closers: list[Close] = field(default_factory=list)
+
+    def close(self) -> None:
+        for close in reversed(self.closers):
+            close()
+
+
+def build(
+    host: str, port: int, dbname: str, loop: asyncio.AbstractEventLoop, jobs: Jobs
+) -> Variants:
+    """All variants against ``host:port/dbname``; *jobs* supplies the probe of each awa-sa form."""
+    out = Variants()
+    for driver in DRIVERS:
+        url = f"postgresql+{driver.url_driver}://postgres@{host}:{port}/{dbname}"
+        dsn = f"postgresql://postgres@{host}:{port}/{dbname}"
+        if driver.is_async:
+            _async_driver(out, driver, url, dsn, loop=loop, jobs=jobs)
+        else:
+            _sync_driver(out, driver, url, dsn, jobs)
+    return out
+
+
+def _sync_driver(out: Variants, driver: Driver, url: str, dsn: str, jobs: Jobs) -> None:
+    engine = sa.create_engine(url, pool_size=2)
+    lock, move = canonical_texts(engine.dialect)
+    held = engine.connect()
+    out.closers += [engine.dispose, held.close]
+    floor_op, close_floor = driver.floor(dsn, (lock, move))
+    out.closers.append(close_floor)
+
+    def sa_engine(job_id: int, lease: int) -> Any:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(lock.sql)
+            return conn.exec_driver_sql(move.sql, move.bind(move_values(job_id, lease))).all()
+
+    def sa_connection(job_id: int, lease: int) -> Any:
+        with held.begin():
+            held.exec_driver_sql(lock.sql)
+            return held.exec_driver_sql(move.sql, move.bind(move_values(job_id, lease))).all()
+
+    def awa_engine(job_id: int, lease: int) -> Any:
+        return reschedule_canonical_attempt(engine, job_id, lease, KIND)
+
+    def awa_connection(job_id: int, lease: int) -> Any:
+        with held.begin():
+            return reschedule_canonical_attempt(held, job_id, lease, KIND)
+
+    g = driver.name
+    out.items += [
+        Variant(g, "floor", floor_op),
+        Variant(g, "SQLAlchemy Engine", sa_engine),
+        Variant(g, "SQLAlchemy Connection", sa_connection),
+    ]
+    _awa(out, Variant(g, "awa-sa Engine", awa_engine), jobs)
+    _awa(out, Variant(g, "awa-sa Connection", awa_connection), jobs)
+
+
+def _async_driver(
+    out: Variants,
+    driver: Driver,
+    url: str,
+    dsn: str,
+    *,
+    loop: asyncio.AbstractEventLoop,
+    jobs: Jobs,
+) -> None:
+    engine = create_async_engine(url, pool_size=2)
+    lock, move = canonical_texts(engine.dialect)
+    held: AsyncConnection = loop.run_until_complete(engine.connect())
+    out.closers += [
+        lambda: loop.run_until_complete(engine.dispose()),
+        lambda: loop.run_until_complete(held.close()),
+    ]
+    floor_op, close_floor = driver.floor(dsn, (lock, move), loop)
+    out.closers.append(close_floor)
+
+    async def sa_engine(job_id: int, lease: int) -> Any:
+        async with engine.begin() as conn:
+            await conn.exec_driver_sql(lock.sql)
+            params = move.bind(move_values(job_id, lease))
+            return (await conn.exec_driver_sql(move.sql, params)).all()
+
+    async def sa_connection(job_id: int, lease: int) -> Any:
+        async with held.begin():
+            await held.exec_driver_sql(lock.sql)
+            params = move.bind(move_values(job_id, lease))
+            return (await held.exec_driver_sql(move.sql, params)).all()
+
+    async def awa_engine(job_id: int, lease: int) -> Any:
+        return await awa_async.reschedule_canonical_attempt(engine, job_id, lease, KIND)
+
+    async def awa_connection(job_id: int, lease: int) -> Any:
+        async with held.begin():
+            return await awa_async.reschedule_canonical_attempt(held, job_id, lease, KIND)
+
+    g = driver.name
+    out.items += [
+        Variant(g, "floor", floor_op),
+        Variant(g, "SQLAlchemy AsyncEngine", blocking(loop, sa_engine)),
+        Variant(g, "SQLAlchemy AsyncConnection", blocking(loop, sa_connection)),
+    ]
+    _awa(out, Variant(g, "awa-sa AsyncEngine", blocking(loop, awa_engine)), jobs)
+    _awa(out, Variant(g, "awa-sa AsyncConnection", blocking(loop, awa_connection)), jobs)
+
+
+def _awa(out: Variants, variant: Variant, jobs: Jobs) -> None:
+    """Keep *variant* if one call on a live attempt works on its driver; else say why not."""
+    try:
+        variant.op(*jobs.take(1)[0])
+    except AwaSAError as exc:
+        out.skipped[variant.name] = str(exc).splitlines()[0][:120]
+        return
+    out.items.append(variant)

@@ -12,9 +12,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import asyncpg
 import psycopg
-import psycopg2
 
 from bench.workload import Text, move_values
 
@@ -57,6 +55,8 @@ def psycopg_async_floor(
 
 
 def psycopg2_floor(dsn: str, texts: tuple[Text, Text]) -> tuple[Op, Close]:
+    import psycopg2  # noqa: PLC0415 -- an optional driver; its group is skipped without it
+
     lock, move = texts
     conn = psycopg2.connect(dsn)
 
@@ -75,6 +75,8 @@ def psycopg2_floor(dsn: str, texts: tuple[Text, Text]) -> tuple[Op, Close]:
 def asyncpg_floor(
     dsn: str, texts: tuple[Text, Text], loop: asyncio.AbstractEventLoop
 ) -> tuple[Op, Close]:
+    import asyncpg  # noqa: PLC0415 -- an optional driver; its group is skipped without it
+
     lock, move = texts
     conn = loop.run_until_complete(asyncpg.connect(dsn))
 

@@ -12,6 +12,7 @@ still runs while a driver is being brought up.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,6 +74,9 @@ def build(
     """All variants against ``host:port/dbname``; *jobs* supplies the probe of each awa-sa form."""
     out = Variants()
     for driver in DRIVERS:
+        if importlib.util.find_spec(driver.url_driver) is None:
+            out.skipped[driver.name] = f"{driver.url_driver} is not installed"
+            continue
         url = f"postgresql+{driver.url_driver}://postgres@{host}:{port}/{dbname}"
         dsn = f"postgresql://postgres@{host}:{port}/{dbname}"
         if driver.is_async:

@@ -85,8 +85,11 @@ class Call:
 
 @dataclass(slots=True)
 class _Trace:
+    """What the debug records say; outcomes are named only when a record is written."""
+
     routing: str = "?"
-    outcomes: list[str] = field(default_factory=list)
+    outcomes: list[Outcome] = field(default_factory=list)
+    error: str | None = None
 
 
 class _Lost(Exception):
@@ -175,7 +178,7 @@ def reschedule_canonical_attempt(
     :class:`~awa_sa.errors.DatabaseError`; see :mod:`awa_sa.errors` for what each leaves behind.
     """
     check_bind(bind)
-    return _within(bind, [prepare(job_id, run_lease, kind, error, progress)])[0]
+    return within(bind, [prepare(job_id, run_lease, kind, error, progress)])[0]
 
 
 def reschedule_canonical_attempts(
@@ -205,15 +208,20 @@ def reschedule_canonical_attempts(
     """
     check_bind(bind)
     calls = prepare_all(attempts)
-    return _within(bind, calls) if calls else []
+    return within(bind, calls) if calls else []
 
 
-def _within(bind: Engine | Connection, calls: list[Call]) -> list[Outcome]:
-    with translated():  # BEGIN and COMMIT too
-        if isinstance(bind, Engine):
-            with bind.begin() as conn:
-                return run_all(conn, calls)
-        return run_all(bind, calls)
+def within(bind: Engine | Connection, calls: list[Call]) -> list[Outcome]:
+    """The Engine form (own connection and transaction, committed) or the Connection form.
+
+    Also the AsyncEngine form, run whole in one greenlet by :mod:`awa_sa.asyncio`.
+    """
+    if isinstance(bind, Engine):
+        # Engine.begin() without its generator-based context manager; checkout, BEGIN and
+        # COMMIT translated too.
+        with translated(), bind.connect() as conn, conn.begin():
+            return run_all(conn, calls)
+    return run_all(bind, calls)  # which translates all it does
 
 
 def run(conn: Connection, call: Call) -> Outcome:
@@ -232,16 +240,18 @@ def run_all(conn: Connection, calls: Sequence[Call]) -> list[Outcome]:
                 raise ValidationError(
                     "bind is in AUTOCOMMIT mode; the reschedule needs a transaction"
                 )
-            outcomes = _flow(conn, calls, trace)
-        trace.outcomes = [type(outcome).__name__ for outcome in outcomes]
-        return outcomes
+            trace.outcomes = _flow(conn, calls, trace)
+        return trace.outcomes
     except Exception as exc:
-        trace.outcomes = [f"error {type(exc).__name__}"] * len(calls)
+        trace.error = f"error {type(exc).__name__}"
         raise
     finally:
         if log.isEnabledFor(logging.DEBUG):
-            for call, outcome in zip(calls, trace.outcomes, strict=False):
-                _log(call, trace.routing, outcome)
+            for index, call in enumerate(calls):
+                if trace.error is not None:
+                    _log(call, trace.routing, trace.error)
+                elif index < len(trace.outcomes):
+                    _log(call, trace.routing, type(trace.outcomes[index]).__name__)
 
 
 def _log(call: Call, routing: str, outcome: str) -> None:
@@ -282,7 +292,7 @@ def _flow(conn: Connection, calls: Sequence[Call], trace: _Trace) -> list[Outcom
     trace.routing = "canonical"  # the next statement writes, and so can fail, only then
     batch, items = _items(calls)
     rows = execute(conn, statements.canonical_move(True, batch), items).all()
-    schema: str | None = rows[0].s
+    schema: str | None = rows[0][0]  # s
     if schema is None:
         return _rescheduled(conn, calls, rows)
     trace.routing = schema
@@ -301,6 +311,10 @@ def _canonical(conn: Connection, calls: Sequence[Call]) -> list[Outcome]:
 
 def _rescheduled(conn: Connection, calls: Sequence[Call], rows: Sequence[Any]) -> list[Outcome]:
     """Outcomes of a canonical move, or of one move per attempt when it touched nothing."""
+    if len(calls) == 1:
+        # One attempt (scalar binds, shared_key false): the one row is head joined to it.
+        _, _, job_id, _, run_at, attempt = rows[0]
+        return [Stale() if job_id is None else Rescheduled(job_id, run_at, attempt)]
     if rows[0].shared_key:
         return [_canonical(conn, [call])[0] for call in calls]
     first: dict[tuple[int, int], int] = {}

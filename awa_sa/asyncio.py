@@ -1,7 +1,11 @@
 """The async face: the same flow on ``AsyncEngine``/``AsyncConnection`` (psycopg async).
 
-``AsyncConnection.run_sync`` drives the sync flow in SQLAlchemy's greenlet bridge, so there is one
-copy of the decision logic and both faces send the same compiled statements.
+The sync flow runs in SQLAlchemy's greenlet bridge, so there is one copy of the decision logic
+and both faces send the same compiled statements. An ``AsyncConnection`` runs it through
+``run_sync``. An ``AsyncEngine`` runs the whole sync Engine form (checkout, BEGIN, the flow,
+COMMIT, checkin) in one greenlet, as ``AsyncConnection`` runs each of those steps, rather than
+one greenlet and event-loop round per step: ``async with engine.begin()`` costs five of them
+and a task. The sync engine, its pool and its events are the same either way.
 """
 
 from __future__ import annotations
@@ -10,7 +14,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.util import greenlet_spawn
 
+from awa_sa import reschedule
 from awa_sa.errors import ValidationError, translated
 from awa_sa.kinds import Attempt, Kind, Outcome
 from awa_sa.reschedule import Call, prepare, prepare_all, run_all
@@ -53,8 +59,7 @@ def _check_bind(bind: object) -> None:
 
 
 async def _within(bind: AsyncEngine | AsyncConnection, calls: list[Call]) -> list[Outcome]:
-    with translated():  # BEGIN and COMMIT too
-        if isinstance(bind, AsyncEngine):
-            async with bind.begin() as conn:
-                return await conn.run_sync(run_all, calls)
+    if isinstance(bind, AsyncEngine):
+        return await greenlet_spawn(reschedule.within, bind.sync_engine, calls)
+    with translated():  # a connection that died under run_sync
         return await bind.run_sync(run_all, calls)

@@ -39,6 +39,7 @@ from bench.report import report
 from bench.workload import KIND, Jobs, awa_cli, create_database, database_url
 
 BATCH_SIZES = (1, 10, 100, 1000)
+PARTS = ("single", "distance", "server", "callers", "routing", "batch", "batch_queue_storage")
 
 
 def single_call(host: str, port: int, dbname: str, url: str, a: Any) -> dict[str, Any]:
@@ -86,6 +87,7 @@ def at_distance(port: int, dbname: str, url: str, a: Any) -> dict[str, Any]:
     return {
         "added_rtt_us": added,
         "variants": {v.name: samples[v.name].summary() for v in built.items},
+        "groups": {v.name: v.group for v in built.items},
     }
 
 
@@ -161,33 +163,37 @@ def main() -> None:
         "--cluster", choices=("awa", "fixture"), default="awa" if awa_cli() else "fixture"
     )
     parser.add_argument("--json", type=Path, default=Path("bench/results.json"))
+    parser.add_argument(
+        "--only", default=",".join(PARTS), help=f"comma-separated parts ({', '.join(PARTS)})"
+    )
     a = parser.parse_args()
+    only = set(a.only.split(","))
 
     started = time.perf_counter()
     parts: dict[str, float] = {}
 
-    def timed(name: str, fn: Any, *args: Any) -> Any:
-        t = time.perf_counter()
-        result = fn(*args)
-        parts[name] = time.perf_counter() - t
-        return result
+    results: dict[str, Any] = {}
+
+    def timed(name: str, fn: Any, *args: Any) -> None:
+        if name in only:
+            t = time.perf_counter()
+            results[name] = fn(*args)
+            parts[name] = time.perf_counter() - t
 
     load_before = os.getloadavg()
     with embedded_postgres(server_cost.SETTINGS) as server:
         create_database(server, "main", a.cluster, "canonical")
         create_database(server, "qs", "fixture", "mixed_transition")
         url = database_url(server, "main")
-        results: dict[str, Any] = {
-            "single": timed("single", single_call, server.host, server.port, "main", url, a),
-            "distance": timed("distance", at_distance, server.port, "main", url, a),
-            "server": timed("server", server_cost.measure, url, "main", a.server_calls),
-            "callers": timed("callers", concurrency.run, url, a.callers_seconds, a.callers_rounds),
-        }
+        timed("single", single_call, server.host, server.port, "main", url, a)
+        timed("distance", at_distance, server.port, "main", url, a)
+        timed("server", server_cost.measure, url, "main", a.server_calls)
+        timed("callers", concurrency.run, url, a.callers_seconds, a.callers_rounds)
         canon = sa.create_engine(url, pool_size=2)
         qs = sa.create_engine(database_url(server, "qs"), pool_size=2)
-        results["routing_us"] = timed("routing", routing, canon, qs, a)
-        results["batch"] = timed("batch", batches, canon, a.batch_rounds)
-        results["batch_queue_storage"] = timed("batch qs", batches, qs, a.batch_rounds)
+        timed("routing", routing, canon, qs, a)
+        timed("batch", batches, canon, a.batch_rounds)
+        timed("batch_queue_storage", batches, qs, a.batch_rounds)
         canon.dispose()
         qs.dispose()
     machine = {

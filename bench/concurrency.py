@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable
 from multiprocessing.synchronize import Event
 from typing import Any
+from urllib.parse import urlencode
 
 import sqlalchemy as sa
 
@@ -27,6 +28,7 @@ from bench.floor import psycopg_floor
 from bench.workload import KIND, Jobs, canonical_texts
 
 APP = "awa-sa-bench-caller"
+TRACKED = "-c pg_stat_statements.track=top"
 CALLERS = (1, 4, 16)
 
 
@@ -42,12 +44,13 @@ def _caller(
 ) -> None:
     """One caller: connect, warm up, wait for the start, reschedule until time or ids run out."""
     op: Callable[[int, int], Any]
-    dsn = url.replace("+psycopg", "") + f"?application_name={APP}"
+    settings = {"application_name": APP, "options": TRACKED}
     if form == "floor":
         engine = sa.create_engine(url)
+        dsn = url.replace("+psycopg", "") + "?" + urlencode(settings)
         op, _ = psycopg_floor(dsn, canonical_texts(engine.dialect))
     else:
-        engine = sa.create_engine(url, pool_size=1, connect_args={"application_name": APP})
+        engine = sa.create_engine(url, pool_size=1, connect_args=settings)
 
         def op(job_id: int, lease: int) -> Any:
             return reschedule_canonical_attempt(engine, job_id, lease, KIND)
@@ -71,6 +74,8 @@ def run(url: str, seconds: float, rounds: int, rate: float = 5000) -> dict[str, 
     """Per caller count and form: attempts per second (best round), waits seen, MultiXacts used."""
     ctx = mp.get_context("fork")
     admin = sa.create_engine(url, poolclass=sa.NullPool)
+    with admin.begin() as conn:
+        conn.execute(sa.text("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
     out: dict[str, Any] = {}
     try:
         for callers in CALLERS:
@@ -98,10 +103,12 @@ def run(url: str, seconds: float, rounds: int, rate: float = 5000) -> dict[str, 
                 for _ in procs:
                     ready.acquire()
                 with admin.connect() as conn:
+                    conn.execute(sa.text("SELECT pg_stat_statements_reset()"))
                     before = _counters(conn)
                     start.set()
                     waits = _sample(conn, results, callers)
                     after = _counters(conn)
+                    server_us = _statement_times(conn)
                 finished = [results.get() for _ in procs]
                 for proc in procs:
                     proc.join()
@@ -113,6 +120,7 @@ def run(url: str, seconds: float, rounds: int, rate: float = 5000) -> dict[str, 
                         per_s=per_s,
                         waits=waits,
                         multixacts_per_attempt=(after["mxids"] - before["mxids"]) / done,
+                        server_us=server_us,
                         slru={k: after[k] - before[k] for k in after if k != "mxids"},
                     )
     finally:
@@ -136,6 +144,24 @@ def _counters(conn: sa.Connection) -> dict[str, int]:
     for name, *values in slru:
         for column, value in zip(("zeroed", "hit", "read", "written"), values, strict=True):
             out[f"{name} {column}"] = int(value)
+    return out
+
+
+def _statement_times(conn: sa.Connection) -> dict[str, float]:
+    """Mean server time of the lock and of the move while the callers ran, in µs."""
+    rows = conn.execute(
+        sa.text(
+            "SELECT query, mean_exec_time FROM pg_stat_statements s JOIN pg_database d"
+            " ON d.oid = s.dbid WHERE d.datname = current_database() AND calls > 0"
+        )
+    ).all()
+    conn.rollback()
+    out: dict[str, float] = {}
+    for query, mean_ms in rows:
+        if "FOR SHARE" in query:
+            out["lock"] = mean_ms * 1000
+        elif query.startswith("WITH head"):
+            out["move"] = mean_ms * 1000
     return out
 
 

@@ -14,14 +14,21 @@ def report(r: dict[str, Any]) -> None:
         f" load average {_load(m['load_average_before'])} before,"
         f" {_load(m['load_average_after'])} after"
     )
-    _single(r["single"])
-    _distance(r["distance"], r["single"]["groups"])
-    _server(r["server"])
-    _callers(r["callers"])
-    print("routing, psycopg Engine form (median per call)")
-    for name, median in r["routing_us"].items():
-        print(f"  {name:26} {median:9.1f} µs")
+    if "single" in r:
+        _single(r["single"])
+    if "distance" in r:
+        _distance(r["distance"])
+    if "server" in r:
+        _server(r["server"])
+    if "callers" in r:
+        _callers(r["callers"])
+    if "routing" in r:
+        print("5. routing, psycopg Engine form (median per call)")
+        for name, median in r["routing"].items():
+            print(f"  {name:26} {median:9.1f} µs")
     for key, title in (("batch", "canonical"), ("batch_queue_storage", "queue storage")):
+        if key not in r:
+            continue
         print(f"batch vs single calls, {title} routing (attempts per second)")
         for size, row in r[key].items():
             speedup = row["batch_per_s"] / row["single_per_s"]
@@ -72,14 +79,14 @@ def _single(single: dict[str, Any]) -> None:
             print(f"    {name:34} {row['wall_us'] - floor:+7.1f} = {sa_part:+7.1f} / {ours:+7.1f}")
 
 
-def _distance(far: dict[str, Any], groups: dict[str, str]) -> None:
+def _distance(far: dict[str, Any]) -> None:
     print(
         f"2. the server {far['added_rtt_us'] / 1000:.2f} ms further away (measured per round"
         " trip); round trips counted at the proxy"
     )
     figures = far["variants"]
     for name, row in figures.items():
-        floor = figures.get(f"{groups.get(name, '')} floor")
+        floor = figures.get(f"{far['groups'][name]} floor")
         ratio = row["wall_us"] / floor["wall_us"] if floor else float("nan")
         print(
             f"  {name:36} {row['round_trips']:4.1f} round trips  {row['wall_us']:8.1f}µs"
@@ -105,8 +112,10 @@ def _callers(callers: dict[str, Any]) -> None:
     print("4. concurrent callers, own connection each, psycopg (attempts per second, best round)")
     for name, row in callers.items():
         waits = ", ".join(f"{k} {v:.0%}" for k, v in list(row["waits"].items())[:4])
+        server = row["server_us"]
         print(
-            f"  {name:22} {row['per_s']:8.0f}/s  MultiXacts/attempt"
+            f"  {name:22} {row['per_s']:7.0f}/s  server: lock {server.get('lock', 0):5.1f}µs"
+            f" move {server.get('move', 0):5.1f}µs  MultiXacts/attempt"
             f" {row['multixacts_per_attempt']:.2f}  backends: {waits}"
         )
     for name, row in callers.items():

@@ -1,9 +1,10 @@
 """Every way the bench reschedules one canonical attempt, grouped by driver.
 
 Per driver: the raw floor (:mod:`bench.floor`); SQLAlchemy's minimal path, ``exec_driver_sql``
-of the same two texts in one transaction, through an ``Engine`` (or ``AsyncEngine``) and through
-a held ``Connection``; and awa-sa in the same two forms. The SQLAlchemy rows show how much of
-the gap between awa-sa and the floor is SQLAlchemy's own, and the awa-sa rows what is left ours.
+of the same two texts in one transaction, each result read (the lock's row tells whether the
+singleton exists), through an ``Engine`` (or ``AsyncEngine``) and through a held
+``Connection``; and awa-sa in the same two forms. The SQLAlchemy rows show how much of the gap
+between awa-sa and the floor is SQLAlchemy's own, and the awa-sa rows what is left ours.
 
 A form awa-sa cannot run on a driver yet is left out and said so (``skipped``), so the bench
 still runs while a driver is being brought up.
@@ -96,12 +97,12 @@ def _sync_driver(out: Variants, driver: Driver, url: str, dsn: str, jobs: Jobs) 
 
     def sa_engine(job_id: int, lease: int) -> Any:
         with engine.begin() as conn:
-            conn.exec_driver_sql(lock.sql)
+            conn.exec_driver_sql(lock.sql).first()
             return conn.exec_driver_sql(move.sql, move.bind(move_values(job_id, lease))).all()
 
     def sa_connection(job_id: int, lease: int) -> Any:
         with held.begin():
-            held.exec_driver_sql(lock.sql)
+            held.exec_driver_sql(lock.sql).first()
             return held.exec_driver_sql(move.sql, move.bind(move_values(job_id, lease))).all()
 
     def awa_engine(job_id: int, lease: int) -> Any:
@@ -142,13 +143,13 @@ def _async_driver(
 
     async def sa_engine(job_id: int, lease: int) -> Any:
         async with engine.begin() as conn:
-            await conn.exec_driver_sql(lock.sql)
+            (await conn.exec_driver_sql(lock.sql)).first()
             params = move.bind(move_values(job_id, lease))
             return (await conn.exec_driver_sql(move.sql, params)).all()
 
     async def sa_connection(job_id: int, lease: int) -> Any:
         async with held.begin():
-            await held.exec_driver_sql(lock.sql)
+            (await held.exec_driver_sql(lock.sql)).first()
             params = move.bind(move_values(job_id, lease))
             return (await held.exec_driver_sql(move.sql, params)).all()
 

@@ -22,7 +22,9 @@ import asyncio
 import json
 import os
 import platform
+import signal
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -168,6 +170,8 @@ def main() -> None:
     )
     a = parser.parse_args()
     only = set(a.only.split(","))
+    # Stopped from outside, still stop the server and the proxy (their finally blocks).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     started = time.perf_counter()
     parts: dict[str, float] = {}

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable
 from multiprocessing.synchronize import Event
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import sqlalchemy as sa
 
@@ -29,6 +29,7 @@ from bench.workload import KIND, Jobs, canonical_texts
 
 APP = "awa-sa-bench-caller"
 TRACKED = "-c pg_stat_statements.track=top"
+_PATIENCE = 60.0
 CALLERS = (1, 4, 16)
 
 
@@ -42,37 +43,46 @@ def _caller(
     seconds: float,
     results: Any,
 ) -> None:
-    """One caller: connect, warm up, wait for the start, reschedule until time or ids run out."""
-    op: Callable[[int, int], Any]
-    settings = {"application_name": APP, "options": TRACKED}
-    if form == "floor":
-        engine = sa.create_engine(url)
-        dsn = url.replace("+psycopg", "") + "?" + urlencode(settings)
-        op, _ = psycopg_floor(dsn, canonical_texts(engine.dialect))
-    else:
-        engine = sa.create_engine(url, pool_size=1, connect_args=settings)
+    """One caller: connect, warm up, wait for the start, reschedule until time or ids run out.
 
-        def op(job_id: int, lease: int) -> Any:
-            return reschedule_canonical_attempt(engine, job_id, lease, KIND)
-
-    supply = iter(ids)
-    for _ in range(5):
-        op(*next(supply))
-    ready.release()
+    Puts ``(attempts, seconds)`` on *results*, or the error that stopped it.
+    """
+    try:
+        op = _op(form, url)
+        supply = iter(ids)
+        for _ in range(5):
+            op(*next(supply))
+    except BaseException as exc:
+        results.put(exc)
+        raise
+    finally:
+        ready.release()
     start.wait()
     began = time.perf_counter()
     deadline, done = began + seconds, 0
-    for job_id, lease in supply:
-        op(job_id, lease)
-        done += 1
-        if time.perf_counter() >= deadline:
-            break
+    try:
+        for job_id, lease in supply:
+            op(job_id, lease)
+            done += 1
+            if time.perf_counter() >= deadline:
+                break
+    except BaseException as exc:
+        results.put(exc)
+        raise
     results.put((done, time.perf_counter() - began))
 
 
-def run(url: str, seconds: float, rounds: int, rate: float = 5000) -> dict[str, Any]:
+def _op(form: str, url: str) -> Callable[[int, int], Any]:
+    settings = {"application_name": APP, "options": TRACKED}
+    if form == "floor":
+        dsn = url.replace("+psycopg", "") + "?" + urlencode(settings, quote_via=quote)
+        return psycopg_floor(dsn, canonical_texts(sa.create_engine(url).dialect))[0]
+    engine = sa.create_engine(url, pool_size=1, connect_args=settings)
+    return lambda job_id, lease: reschedule_canonical_attempt(engine, job_id, lease, KIND)
+
+
+def run(url: str, seconds: float, rounds: int) -> dict[str, Any]:
     """Per caller count and form: attempts per second (best round), waits seen, MultiXacts used."""
-    ctx = mp.get_context("fork")
     admin = sa.create_engine(url, poolclass=sa.NullPool)
     with admin.begin() as conn:
         conn.execute(sa.text("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
@@ -80,52 +90,65 @@ def run(url: str, seconds: float, rounds: int, rate: float = 5000) -> dict[str, 
     try:
         for callers in CALLERS:
             for form in ("floor", "awa-sa Engine") * rounds:
-                quota = int(rate * seconds / callers) + 5 + 50  # more than they can use
-                jobs = Jobs(url)
-                jobs.seed(quota * callers)
-                ready, start, results = ctx.Semaphore(0), ctx.Event(), ctx.Queue()
-                procs = [
-                    ctx.Process(
-                        target=_caller,
-                        args=(form, url),
-                        kwargs={
-                            "ids": jobs.take(quota),
-                            "ready": ready,
-                            "start": start,
-                            "seconds": seconds,
-                            "results": results,
-                        },
-                    )
-                    for _ in range(callers)
-                ]
-                for proc in procs:
-                    proc.start()
-                for _ in procs:
-                    ready.acquire()
-                with admin.connect() as conn:
-                    conn.execute(sa.text("SELECT pg_stat_statements_reset()"))
-                    before = _counters(conn)
-                    start.set()
-                    waits = _sample(conn, results, callers)
-                    after = _counters(conn)
-                    server_us = _statement_times(conn)
-                finished = [results.get() for _ in procs]
-                for proc in procs:
-                    proc.join()
-                done = sum(n for n, _ in finished)
-                row = out.setdefault(f"{callers} {form}", {"per_s": 0.0})
-                per_s = done / max(t for _, t in finished)
-                if per_s > row["per_s"]:
-                    row.update(
-                        per_s=per_s,
-                        waits=waits,
-                        multixacts_per_attempt=(after["mxids"] - before["mxids"]) / done,
-                        server_us=server_us,
-                        slru={k: after[k] - before[k] for k in after if k != "mxids"},
-                    )
+                row = _round(admin, url, form, callers, seconds)
+                best = out.setdefault(f"{callers} {form}", row)
+                if row["per_s"] > best["per_s"]:
+                    out[f"{callers} {form}"] = row
     finally:
         admin.dispose()
     return out
+
+
+def _round(
+    admin: sa.Engine, url: str, form: str, callers: int, seconds: float, *, rate: float = 5000
+) -> dict[str, Any]:
+    """One timed run of *callers* processes; *rate* bounds what they could use in total."""
+    ctx = mp.get_context("fork")
+    quota = int(rate * seconds / callers) + 5 + 50
+    jobs = Jobs(url)
+    jobs.seed(quota * callers)
+    ready, start, results = ctx.Semaphore(0), ctx.Event(), ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_caller,
+            args=(form, url),
+            kwargs={
+                "ids": jobs.take(quota),
+                "ready": ready,
+                "start": start,
+                "seconds": seconds,
+                "results": results,
+            },
+            daemon=True,
+        )
+        for _ in range(callers)
+    ]
+    for proc in procs:
+        proc.start()
+    for _ in procs:
+        if not ready.acquire(timeout=_PATIENCE):
+            raise RuntimeError(f"{form}: a caller never got ready")
+    with admin.connect() as conn:
+        conn.execute(sa.text("SELECT pg_stat_statements_reset()"))
+        before = _counters(conn)
+        start.set()
+        waits = _sample(conn, results, callers, time.monotonic() + seconds + _PATIENCE)
+        after = _counters(conn)
+        server_us = _statement_times(conn)
+    finished = [results.get(timeout=_PATIENCE) for _ in procs]
+    for proc in procs:
+        proc.join(timeout=_PATIENCE)
+    for item in finished:
+        if isinstance(item, BaseException):
+            raise RuntimeError(f"{form}: a caller failed: {item!r}") from item
+    done = sum(n for n, _ in finished)
+    return {
+        "per_s": done / max(t for _, t in finished),
+        "waits": waits,
+        "multixacts_per_attempt": (after["mxids"] - before["mxids"]) / done,
+        "server_us": server_us,
+        "slru": {k: after[k] - before[k] for k in after if k != "mxids"},
+    }
 
 
 def _counters(conn: sa.Connection) -> dict[str, int]:
@@ -165,14 +188,14 @@ def _statement_times(conn: sa.Connection) -> dict[str, float]:
     return out
 
 
-def _sample(conn: sa.Connection, results: Any, callers: int) -> dict[str, float]:
+def _sample(conn: sa.Connection, results: Any, callers: int, give_up: float) -> dict[str, float]:
     """Share of samples of the callers' backends in each state, until the callers are done."""
     seen: Counter[str] = Counter()
     query = sa.text(
         "SELECT state, wait_event_type, wait_event FROM pg_stat_activity"
         " WHERE application_name = :app"
     )
-    while results.qsize() < callers:
+    while results.qsize() < callers and time.monotonic() < give_up:
         for state, kind, event in conn.execute(query, {"app": APP}):
             if state == "idle in transaction" or (kind == "Client" and event == "ClientRead"):
                 seen["waiting for the client"] += 1

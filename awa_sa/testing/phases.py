@@ -18,6 +18,10 @@ def set_phase(conn: sa.Connection, phase: Phase, schema: str = "awa_qs") -> None
     committed, a reschedule moves attempts into *schema* (``awa_qs`` and ``awa`` both have a
     queue-storage substrate in the kit's databases). Runs in *conn*'s transaction; commit it.
     Raises ``ValueError`` for an unknown phase or a schema without a substrate.
+
+    Phases may be skipped: ``active`` straight from canonical leaves what prepare, enter and
+    finalize leave. ``aborted`` returns to canonical one epoch up, so it matches the CLI's
+    ``abort`` when it follows ``prepared`` or ``mixed_transition``, as the CLI requires.
     """
     # The fixture package imports Alembic; only a test that changes phase pays for that.
     from awa_sa_schema.phases import set_phase as write_phase_rows

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -229,3 +231,14 @@ def test_b(awa_url):
     # Two servers on two ports, each removed afterwards (only the markers are left).
     assert len([path for path in scratch.iterdir() if path.name.startswith("port-")]) == 2
     assert [path.name for path in scratch.iterdir() if not path.name.startswith("port-")] == []
+
+
+def test_the_core_imports_no_tool() -> None:
+    """``import awa_sa`` (and its async face) loads neither the kit nor pytest nor Alembic."""
+    code = (
+        "import sys, awa_sa, awa_sa.asyncio; print(sorted(m for m in sys.modules if "
+        "m.startswith(('awa_sa.testing', 'awa_sa.tools', 'awa_sa_schema', 'pytest', 'alembic', "
+        "'click'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

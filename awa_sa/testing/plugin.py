@@ -1,9 +1,10 @@
 """pytest plugin ``awa_sa``: a disposable Awa v040 database per test.
 
 Installed with ``awa-sa[testing]`` as a ``pytest11`` entry point, so pytest loads it in every
-run of every project in that environment. Loading it therefore does nothing: no server, no
-engine, no Alembic, no psycopg. Only when a test asks for a fixture does the session start a
-server and build the template (:mod:`awa_sa.testing.databases`).
+run of every project in that environment. Loading it therefore starts nothing and imports only
+pytest and awa-sa's core (which loads SQLAlchemy Core, as the services using the kit do anyway):
+no server, engine, psycopg or Alembic until a test asks for a fixture. Then the session starts
+a server and builds the template (:mod:`awa_sa.testing.databases`).
 
 Fixtures (all prefixed ``awa_`` so that they never shadow a project's own ``engine``):
 

@@ -21,8 +21,8 @@ import sqlalchemy as sa
 from conftest import database_url
 
 from awa_sa.testing.databases import NAME_PREFIX
-from awa_sa.testing.plugin import SERVER_URL_ENV, SERVER_URL_OPTION
 from awa_sa.tools.server import SCRATCH_ENVIRONMENT_VARIABLE, EmbeddedPostgres, scratch_parent
+from pytest_awa_sa import SERVER_URL_ENV, SERVER_URL_OPTION
 
 pytest_plugins = ["pytester"]
 
@@ -84,8 +84,7 @@ def test_canonical_with_both_substrates(awa_engine):
 REPORTING_CONFTEST = """
 import json, os, sys
 
-WATCHED = ("alembic", "awa_sa_schema", "psycopg", "sqlalchemy.ext.asyncio",
-           "awa_sa.tools.server", "awa_sa.testing.databases")
+WATCHED = ("alembic", "awa_sa", "psycopg", "sqlalchemy")
 
 
 def pytest_sessionfinish(session):

@@ -1,4 +1,4 @@
-"""A testing kit for services that embed awa-sa: helpers here, fixtures in :mod:`.plugin`.
+"""A testing kit for services that embed awa-sa: helpers here, fixtures in ``pytest_awa_sa``.
 
 ``pip install awa-sa[testing]`` registers the pytest plugin, whose fixtures (``awa_url``,
 ``awa_engine``, ``awa_async_engine``) give each test a fresh Awa v040 database. These helpers

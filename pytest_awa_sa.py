@@ -1,10 +1,11 @@
 """pytest plugin ``awa_sa``: a disposable Awa v040 database per test.
 
 Installed with ``awa-sa[testing]`` as a ``pytest11`` entry point, so pytest loads it in every
-run of every project in that environment. Loading it therefore starts nothing and imports only
-pytest and awa-sa's core (which loads SQLAlchemy Core, as the services using the kit do anyway):
-no server, engine, psycopg or Alembic until a test asks for a fixture. Then the session starts
-a server and builds the template (:mod:`awa_sa.testing.databases`).
+run of every project in that environment. Loading it therefore starts nothing and imports
+nothing but pytest: not even awa-sa, whose package imports SQLAlchemy (0.2 s, on every pytest
+run); that is why this module sits outside the ``awa_sa`` package, beside the helpers of
+:mod:`awa_sa.testing` rather than in it. When a test asks for a fixture, the session starts a
+server and builds the template (:mod:`awa_sa.testing.databases`).
 
 Fixtures (all prefixed ``awa_`` so that they never shadow a project's own ``engine``):
 

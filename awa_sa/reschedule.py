@@ -230,7 +230,8 @@ def run_all(conn: Connection, calls: Sequence[Call]) -> list[Outcome]:
         with translated():  # the statements, savepoints, and a connection that died midway
             if getattr(conn.connection.dbapi_connection, "autocommit", False):
                 # Each statement would commit alone: the routing lock would be gone before the
-                # write, and the savepoints would protect nothing.
+                # write, and the savepoints would protect nothing. Every supported driver's
+                # connection (or SQLAlchemy's async adapter of it) reports the mode this way.
                 raise ValidationError(
                     "bind is in AUTOCOMMIT mode; the reschedule needs a transaction"
                 )

@@ -5,7 +5,8 @@ pg_stat_statements loaded. The main database is built by ``awa migrate`` when th
 installed (else by the Alembic fixture) and keeps canonical routing; database ``qs`` is the
 fixture flipped into ``mixed_transition`` towards ``awa_qs``. Parts, in order:
 
-1. one call, per driver and form, against that driver's raw floor (:mod:`bench.variants`);
+1. one call, per driver and form, against that driver's raw floor (:mod:`bench.variants`), and
+   which steps of SQLAlchemy the difference goes to (:mod:`bench.breakdown`);
 2. the same with the server 0.5 ms away, and the round trips each call makes
    (:mod:`bench.proxy`);
 3. the database's own time per reschedule (:mod:`bench.server_cost`);
@@ -34,14 +35,23 @@ import sqlalchemy as sa
 
 from awa_sa import Attempt, reschedule_canonical_attempt, reschedule_canonical_attempts
 from awa_sa.tools.server import embedded_postgres
-from bench import concurrency, server_cost, variants
+from bench import breakdown, concurrency, server_cost, variants
 from bench.measure import interleave
 from bench.proxy import Distant
 from bench.report import report
 from bench.workload import KIND, Jobs, awa_cli, create_database, database_url
 
 BATCH_SIZES = (1, 10, 100, 1000)
-PARTS = ("single", "distance", "server", "callers", "routing", "batch", "batch_queue_storage")
+PARTS = (
+    "single",
+    "breakdown",
+    "distance",
+    "server",
+    "callers",
+    "routing",
+    "batch",
+    "batch_queue_storage",
+)
 
 
 def single_call(host: str, port: int, dbname: str, url: str, a: Any) -> dict[str, Any]:
@@ -190,6 +200,12 @@ def main() -> None:
         create_database(server, "qs", "fixture", "mixed_transition")
         url = database_url(server, "main")
         timed("single", single_call, server.host, server.port, "main", url, a)
+        breakdown_urls = {
+            "psycopg": url,
+            "psycopg async": url,
+            "asyncpg": database_url(server, "main", "asyncpg"),
+        }
+        timed("breakdown", breakdown.run, breakdown_urls)
         timed("distance", at_distance, server.port, "main", url, a)
         timed("server", server_cost.measure, url, "main", a.server_calls)
         timed("callers", concurrency.run, url, a.callers_seconds, a.callers_rounds)

@@ -1,9 +1,9 @@
 """The floors: the canonical reschedule done by hand on each raw driver.
 
-BEGIN, the lock, the move, COMMIT: the text awa-sa sends on that driver (:mod:`bench.workload`),
+BEGIN, the lock, the move, COMMIT: the text awa-sa sends on that driver (:mod:`awa_sa.compiled`),
 prepared where the driver prepares (psycopg 3 explicitly, asyncpg always; psycopg2 binds on the
-client and has no prepared statements). What is left between a floor and awa-sa on the same
-driver is SQLAlchemy and awa-sa, nothing else.
+client, pg8000 prepares and drops each statement). What is left between a floor and awa-sa on
+the same driver is SQLAlchemy and awa-sa, nothing else.
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
+from sqlalchemy.engine import make_url
 
-from bench.workload import Text, move_values
+from awa_sa.compiled import Compiled
+from bench.workload import move_values
 
 Op = Callable[[int, int], Any]
 Close = Callable[[], None]
@@ -24,13 +26,13 @@ def blocking(loop: asyncio.AbstractEventLoop, fn: Callable[[int, int], Awaitable
     return lambda job_id, lease: loop.run_until_complete(fn(job_id, lease))
 
 
-def psycopg_floor(dsn: str, texts: tuple[Text, Text]) -> tuple[Op, Close]:
+def psycopg_floor(dsn: str, texts: tuple[Compiled, Compiled]) -> tuple[Op, Close]:
     lock, move = texts
     conn = psycopg.connect(dsn)
 
     def op(job_id: int, lease: int) -> Any:
         conn.execute(lock.sql, prepare=True).fetchall()
-        rows = conn.execute(move.sql, move.bind(move_values(job_id, lease)), prepare=True)
+        rows = conn.execute(move.sql, move.params(move_values(job_id, lease)), prepare=True)
         out = rows.fetchall()
         conn.commit()
         return out
@@ -39,14 +41,14 @@ def psycopg_floor(dsn: str, texts: tuple[Text, Text]) -> tuple[Op, Close]:
 
 
 def psycopg_async_floor(
-    dsn: str, texts: tuple[Text, Text], loop: asyncio.AbstractEventLoop
+    dsn: str, texts: tuple[Compiled, Compiled], loop: asyncio.AbstractEventLoop
 ) -> tuple[Op, Close]:
     lock, move = texts
     conn = loop.run_until_complete(psycopg.AsyncConnection.connect(dsn))
 
     async def op(job_id: int, lease: int) -> Any:
         await (await conn.execute(lock.sql, prepare=True)).fetchall()
-        cur = await conn.execute(move.sql, move.bind(move_values(job_id, lease)), prepare=True)
+        cur = await conn.execute(move.sql, move.params(move_values(job_id, lease)), prepare=True)
         out = await cur.fetchall()
         await conn.commit()
         return out
@@ -54,7 +56,7 @@ def psycopg_async_floor(
     return blocking(loop, op), lambda: loop.run_until_complete(conn.close())
 
 
-def psycopg2_floor(dsn: str, texts: tuple[Text, Text]) -> tuple[Op, Close]:
+def psycopg2_floor(dsn: str, texts: tuple[Compiled, Compiled]) -> tuple[Op, Close]:
     import psycopg2  # noqa: PLC0415 -- an optional driver; its group is skipped without it
 
     lock, move = texts
@@ -64,7 +66,7 @@ def psycopg2_floor(dsn: str, texts: tuple[Text, Text]) -> tuple[Op, Close]:
         with conn.cursor() as cur:
             cur.execute(lock.sql)
             cur.fetchall()
-            cur.execute(move.sql, move.bind(move_values(job_id, lease)))
+            cur.execute(move.sql, move.params(move_values(job_id, lease)))
             out = cur.fetchall()
         conn.commit()
         return out
@@ -72,8 +74,29 @@ def psycopg2_floor(dsn: str, texts: tuple[Text, Text]) -> tuple[Op, Close]:
     return op, conn.close
 
 
+def pg8000_floor(dsn: str, texts: tuple[Compiled, Compiled]) -> tuple[Op, Close]:
+    import pg8000.dbapi  # noqa: PLC0415 -- an optional driver; its group is skipped without it
+
+    lock, move = texts
+    url = make_url(dsn)
+    conn = pg8000.dbapi.connect(
+        user=url.username, host=url.host, port=url.port, database=url.database
+    )
+
+    def op(job_id: int, lease: int) -> Any:
+        cur = conn.cursor()
+        cur.execute(lock.sql)
+        cur.fetchall()
+        cur.execute(move.sql, move.params(move_values(job_id, lease)))
+        out = cur.fetchall()
+        conn.commit()
+        return out
+
+    return op, conn.close
+
+
 def asyncpg_floor(
-    dsn: str, texts: tuple[Text, Text], loop: asyncio.AbstractEventLoop
+    dsn: str, texts: tuple[Compiled, Compiled], loop: asyncio.AbstractEventLoop
 ) -> tuple[Op, Close]:
     import asyncpg  # noqa: PLC0415 -- an optional driver; its group is skipped without it
 
@@ -83,6 +106,6 @@ def asyncpg_floor(
     async def op(job_id: int, lease: int) -> Any:
         async with conn.transaction():
             await conn.fetch(lock.sql)
-            return await conn.fetch(move.sql, *move.bind(move_values(job_id, lease)))
+            return await conn.fetch(move.sql, *move.params(move_values(job_id, lease)))
 
     return blocking(loop, op), lambda: loop.run_until_complete(conn.close())

@@ -16,6 +16,8 @@ def report(r: dict[str, Any]) -> None:
     )
     if "single" in r:
         _single(r["single"])
+    if "breakdown" in r:
+        _breakdown(r["breakdown"])
     if "distance" in r:
         _distance(r["distance"])
     if "server" in r:
@@ -65,18 +67,34 @@ def _single(single: dict[str, Any]) -> None:
         )
     for name, why in single["skipped"].items():
         print(f"  {name:36} not run: {why}")
-    print("  where an awa-sa form's time over the floor goes (wall µs): SQLAlchemy's / ours")
+    print(
+        "  an awa-sa form's time over its floor = SQLAlchemy's minimal path's + ours"
+        " (wall µs | client CPU µs)"
+    )
     figures = single["variants"]
     for name, row in figures.items():
         if "awa-sa" not in name:
             continue
         group = single["groups"][name]
         minimal = figures.get(name.replace("awa-sa", "SQLAlchemy"))
-        floor = figures[f"{group} floor"]["wall_us"]
         if minimal:
-            sa_part = minimal["wall_us"] - floor
-            ours = row["wall_us"] - minimal["wall_us"]
-            print(f"    {name:34} {row['wall_us'] - floor:+7.1f} = {sa_part:+7.1f} / {ours:+7.1f}")
+            cells = []
+            for key in ("wall_us", "cpu_us"):
+                base = figures[f"{group} floor"][key]
+                gap, sa_part = row[key] - base, minimal[key] - base
+                cells.append(f"{gap:+6.0f} = {sa_part:+6.0f} + {gap - sa_part:+5.0f}")
+            print(f"    {name:34} {cells[0]}  |  {cells[1]}")
+
+
+def _breakdown(steps: dict[str, dict[str, float]]) -> None:
+    print("   SQLAlchemy's steps, each timed alone (client CPU µs; warm, so below part 1's share)")
+    names = list(dict.fromkeys(name for group in steps.values() for name in group))
+    print(f"     {'':52}" + "".join(f"{group:>15}" for group in steps))
+    for name in names:
+        cells = "".join(
+            f"{steps[g][name]:15.1f}" if name in steps[g] else f"{'':15}" for g in steps
+        )
+        print(f"     {name:52}{cells}")
 
 
 def _distance(far: dict[str, Any]) -> None:

@@ -5,6 +5,9 @@ it on (with planning time), so nothing else the bench does is counted. For each 
 statistics are reset, a run of reschedules is made, and the execution plus planning time of
 every statement the server saw (BEGIN and COMMIT included) is divided by the reschedules.
 
+The third row is Awa's routing function called alone, one statement per transaction: the
+share of either form that is Awa's to make cheaper, not the caller's.
+
 The straightforward form is what a hand-written reschedule would send: one statement that takes
 the singleton ``FOR SHARE`` and calls ``awa.active_queue_storage_schema()``, then a plain
 ``DELETE ... RETURNING`` feeding an ``INSERT``. (It is not awa-sa's: a STABLE function reads with
@@ -59,7 +62,7 @@ def measure(url: str, dbname: str, calls: int) -> dict[str, Any]:
     with admin.begin() as conn:
         conn.execute(sa.text("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
     jobs = Jobs(url)
-    jobs.seed(2 * (calls + 20))
+    jobs.seed(3 * (calls + 20))
     dsn = url.replace("+psycopg", "")
     raw = psycopg.connect(dsn, options=_TRACKED)
 
@@ -72,9 +75,14 @@ def measure(url: str, dbname: str, calls: int) -> dict[str, Any]:
         raw.execute(STRAIGHT_MOVE, values, prepare=True).fetchall()
         raw.commit()
 
+    def routing_read(job_id: int, lease: int) -> None:
+        raw.execute("SELECT awa.active_queue_storage_schema()", prepare=True).fetchall()
+        raw.commit()
+
     out: dict[str, Any] = {}
     try:
-        for name, op in (("awa-sa", awa), ("straightforward", straight)):
+        forms = (("awa-sa", awa), ("straightforward", straight), ("routing read", routing_read))
+        for name, op in forms:
             for job_id, lease in jobs.take(20):  # connect, prepare: not part of a call's cost
                 op(job_id, lease)
             with admin.begin() as conn:

@@ -41,6 +41,7 @@ DRIVERS = (
     Driver("psycopg", "psycopg", False, floor.psycopg_floor),
     Driver("psycopg async", "psycopg", True, floor.psycopg_async_floor),
     Driver("psycopg2", "psycopg2", False, floor.psycopg2_floor),
+    Driver("pg8000", "pg8000", False, floor.pg8000_floor),
     Driver("asyncpg", "asyncpg", True, floor.asyncpg_floor),
 )
 
@@ -98,12 +99,12 @@ def _sync_driver(out: Variants, driver: Driver, url: str, dsn: str, jobs: Jobs) 
     def sa_engine(job_id: int, lease: int) -> Any:
         with engine.begin() as conn:
             conn.exec_driver_sql(lock.sql).first()
-            return conn.exec_driver_sql(move.sql, move.bind(move_values(job_id, lease))).all()
+            return conn.exec_driver_sql(move.sql, move.params(move_values(job_id, lease))).all()
 
     def sa_connection(job_id: int, lease: int) -> Any:
         with held.begin():
             held.exec_driver_sql(lock.sql).first()
-            return held.exec_driver_sql(move.sql, move.bind(move_values(job_id, lease))).all()
+            return held.exec_driver_sql(move.sql, move.params(move_values(job_id, lease))).all()
 
     def awa_engine(job_id: int, lease: int) -> Any:
         return reschedule_canonical_attempt(engine, job_id, lease, KIND)
@@ -144,13 +145,13 @@ def _async_driver(
     async def sa_engine(job_id: int, lease: int) -> Any:
         async with engine.begin() as conn:
             (await conn.exec_driver_sql(lock.sql)).first()
-            params = move.bind(move_values(job_id, lease))
+            params = move.params(move_values(job_id, lease))
             return (await conn.exec_driver_sql(move.sql, params)).all()
 
     async def sa_connection(job_id: int, lease: int) -> Any:
         async with held.begin():
             (await held.exec_driver_sql(lock.sql)).first()
-            params = move.bind(move_values(job_id, lease))
+            params = move.params(move_values(job_id, lease))
             return (await held.exec_driver_sql(move.sql, params)).all()
 
     async def awa_engine(job_id: int, lease: int) -> Any:

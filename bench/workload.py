@@ -12,8 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from sqlalchemy.engine import Dialect
 
 import awa_sa_schema
 from awa_sa import RetryAfter, statements
+from awa_sa.compiled import Compiled, compiled
 from awa_sa.tools.server import EmbeddedPostgres
 
 KIND = RetryAfter(60.0)
@@ -89,34 +89,18 @@ class Jobs:
         return [next(self._ids) for _ in range(count)]
 
 
-@dataclass(frozen=True, slots=True)
-class Text:
-    """One statement's text for a driver, and how its parameters are passed (names or order)."""
-
-    sql: str
-    order: Sequence[str] | None  # positional drivers (asyncpg): the names in ``$n`` order
-
-    def bind(self, values: Mapping[str, Any]) -> Any:
-        if self.order is None:
-            return values
-        return tuple(values[name] for name in self.order)
-
-
-def text_of(stmt: Any, dialect: Dialect) -> Text:
-    compiled = stmt.compile(dialect=dialect)
-    order = list(compiled.positiontup) if dialect.positional else None
-    return Text(compiled.string, order)
-
-
-def canonical_texts(dialect: Dialect) -> tuple[Text, Text]:
-    """The canonical reschedule's two statements as awa-sa sends them on *dialect*."""
+def canonical_texts(dialect: Dialect) -> tuple[Compiled, Compiled]:
+    """The canonical reschedule's two statements exactly as awa-sa sends them on *dialect*."""
     return (
-        text_of(statements.routing_lock(), dialect),
-        text_of(statements.canonical_move(True, False), dialect),
+        compiled(statements.routing_lock(), dialect),
+        compiled(statements.canonical_move(True, False), dialect),
     )
 
 
 def move_values(job_id: int, lease: int) -> dict[str, Any]:
-    """What awa-sa binds for ``(job_id, lease, RetryAfter(60.0))``: the single call's scalars."""
+    """What awa-sa binds for ``(job_id, lease, RetryAfter(60.0))``: the single call's scalars.
+
+    ``Compiled.params`` lays them out for the driver (a dict, or a tuple in placeholder order).
+    """
     values = (job_id, lease, "retry_after", 60.0, None, None)
     return dict(zip(statements.ITEM_PARAMS, values, strict=True))

@@ -288,6 +288,49 @@ def routing_lock() -> Select[Any]:
     )
 
 
+def _head(*columns: ColumnElement[Any]) -> CTE:
+    """The first result row: read once, before anything is taken, whatever the plan."""
+    return select(*columns).cte("head").prefix_with("MATERIALIZED")
+
+
+def _head_then(head: CTE, rows: Any, *columns: Any) -> Select[Any]:
+    """The head row joined to *rows*: one row even when *rows* is empty, NULLs then."""
+    return select(*head.c, *columns).select_from(head.outerjoin(rows, true()))
+
+
+def _routing_read(routed: bool) -> ColumnElement[Any]:
+    """The queue-storage schema routing points at, read by this statement; NULL unrouted."""
+    if routed:
+        return func.awa.active_queue_storage_schema(type_=Text)
+    return cast(null(), Text)
+
+
+def _scheduled_successor(taken: CTE) -> list[ColumnElement[Any]]:
+    """The successor row, column for column in ``scheduled_jobs`` order, same id."""
+    changed: dict[str, ColumnElement[Any]] = {
+        "state": _successor_state(taken),
+        "attempt": _successor_attempt(taken),
+        "run_at": _run_at(taken),
+        "heartbeat_at": cast(null(), Timestamp),
+        "deadline_at": cast(null(), Timestamp),
+        "finalized_at": _finalized_at(taken, taken.c.finalized_at),
+        "errors": _errors_after(taken),
+        "progress": cast(taken.c.new_progress, JSONB),
+    }
+    return [changed.get(c.name, taken.c[c.name]) for c in scheduled_jobs.c]
+
+
+def _insert_scheduled(taken: CTE) -> CTE:
+    """INSERT the successors into ``scheduled_jobs``, returning what the outcome reports."""
+    target = scheduled_jobs.c
+    return (
+        insert(scheduled_jobs)
+        .from_select([c.name for c in target], select(*_scheduled_successor(taken)))
+        .returning(target.id, target.run_lease, target.run_at, target.attempt)
+        .cte("moved")
+    )
+
+
 @cache
 def canonical_move(routed: bool, batch: bool) -> Select[Any]:
     """Statement 2: read routing afresh and, only if it is NULL, move the rows (spec §3.3, §4).
@@ -305,39 +348,17 @@ def canonical_move(routed: bool, batch: bool) -> Select[Any]:
     there when nothing moved.
     """
     firsts = _firsts(batch)
-    routing = func.awa.active_queue_storage_schema(type_=Text) if routed else cast(null(), Text)
-    head = (
-        select(routing.label("s"), _shared_key(firsts, batch).label("shared_key"))
-        .cte("head")
-        .prefix_with("MATERIALIZED")
-    )
+    head = _head(_routing_read(routed).label("s"), _shared_key(firsts, batch).label("shared_key"))
     taken = _take(firsts, head, _scalar(head, "s").is_(None))
-    successor: dict[str, ColumnElement[Any]] = {
-        "state": _successor_state(taken),
-        "attempt": _successor_attempt(taken),
-        "run_at": _run_at(taken),
-        "heartbeat_at": cast(null(), Timestamp),
-        "deadline_at": cast(null(), Timestamp),
-        "finalized_at": _finalized_at(taken, taken.c.finalized_at),
-        "errors": _errors_after(taken),
-        "progress": cast(taken.c.new_progress, JSONB),
-    }
-    columns = [c.name for c in scheduled_jobs.c]
-    target = scheduled_jobs.c
-    moved = (
-        insert(scheduled_jobs)
-        .from_select(columns, select(*(successor.get(n, taken.c[n]) for n in columns)))
-        .returning(target.id, target.run_lease, target.run_at, target.attempt)
-        .cte("moved")
-    )
-    return select(
-        head.c.s,
-        head.c.shared_key,
+    moved = _insert_scheduled(taken)
+    return _head_then(
+        head,
+        moved,
         moved.c.id,
         moved.c.run_lease,
         _representable(moved.c.run_at).label("run_at"),
         moved.c.attempt,
-    ).select_from(head.outerjoin(moved, true()))
+    )
 
 
 # --- queue-storage branch -----------------------------------------------------------------
@@ -361,6 +382,61 @@ def _payload(taken: CTE) -> ColumnElement[Any]:
     return func.nullif(composed, _EMPTY_OBJECT, type_=JSONB)
 
 
+def _callbacks_unwired() -> list[ColumnElement[bool]]:
+    """A row waiting on a callback stays canonical: the canonical move takes it instead."""
+    return [jobs_hot.c[name].is_(None) for name in CALLBACK_COLUMNS]
+
+
+def _timed(taken: CTE) -> CTE:
+    """The taken rows with their new run_at, in a CTE so the volatile backoff runs once a row."""
+    return select(taken, _run_at(taken).label("new_run_at")).cte("timed")
+
+
+def _fresh_id(metadata_type: ColumnElement[Any]) -> ColumnElement[Any]:
+    """``nextval`` of the schema's sequence, only for a row whose metadata is a JSON object.
+
+    Any other row is refused right after (queue_storage.md §4), and should not burn an id.
+    """
+    new_id = cast(qs.job_id_seq.next_value(), BigInteger)
+    return case((metadata_type == literal_column("'object'"), new_id))
+
+
+def _allocated_successors(timed: CTE) -> Any:
+    """One row per taken job, named like the ``deferred_jobs`` columns, in the caller's order.
+
+    JSON and timestamps travel as text (see the module docstring); ``ord`` and
+    ``metadata_type`` tell the flow which item each row answers and why it has no id.
+    """
+    metadata_type = func.jsonb_typeof(timed.c.metadata, type_=Text)
+    finalized_at = _finalized_at(timed, cast(null(), Timestamp))
+    return (
+        select(
+            # run_at first: PostgreSQL evaluates the list in order, so an out-of-range run_at
+            # (22008) fails before nextval and burns no id.
+            _representable(timed.c.new_run_at).label("run_at"),
+            _fresh_id(metadata_type).label("job_id"),
+            timed.c.kind,
+            timed.c.queue,
+            cast(timed.c.args, Text).label("args"),
+            cast(_successor_state(timed), Text).label("state"),
+            timed.c.priority,
+            _successor_attempt(timed).label("attempt"),
+            timed.c.run_lease,
+            timed.c.max_attempts,
+            cast(timed.c.attempted_at, Text).label("attempted_at"),
+            cast(finalized_at, Text).label("finalized_at"),
+            cast(timed.c.created_at, Text).label("created_at"),
+            timed.c.unique_key,
+            cast(timed.c.unique_states, Text).label("unique_states"),
+            cast(_payload(timed), Text).label("payload"),
+            metadata_type.label("metadata_type"),
+            timed.c.ord,
+        )
+        .order_by(timed.c.ord)
+        .subquery("successor")
+    )
+
+
 @cache
 def take_and_allocate(batch: bool) -> Select[Any]:
     """Take the canonical rows (spec §5.1) and allocate their successors (§5.3), one statement.
@@ -377,43 +453,10 @@ def take_and_allocate(batch: bool) -> Select[Any]:
     without a row (callback wiring, a guard miss) falls through to the canonical move.
     """
     firsts = _firsts(batch)
-    head = (
-        select(_shared_key(firsts, batch).label("shared_key"))
-        .cte("head")
-        .prefix_with("MATERIALIZED")
-    )
-    taken = _take(firsts, head, *(jobs_hot.c[n].is_(None) for n in CALLBACK_COLUMNS))
-    # A CTE, so the volatile backoff is evaluated once however often run_at is referenced.
-    row = select(taken, _run_at(taken).label("new_run_at")).cte("timed")
-    metadata_type = func.jsonb_typeof(row.c.metadata, type_=Text)
-    new_id = cast(qs.job_id_seq.next_value(), BigInteger)
-    # run_at first: PostgreSQL evaluates the list in order, so an out-of-range run_at (22008)
-    # fails before nextval and burns no id.
-    successors = (
-        select(
-            _representable(row.c.new_run_at).label("run_at"),
-            case((metadata_type == literal_column("'object'"), new_id)).label("job_id"),
-            row.c.kind,
-            row.c.queue,
-            cast(row.c.args, Text).label("args"),
-            cast(_successor_state(row), Text).label("state"),
-            row.c.priority,
-            _successor_attempt(row).label("attempt"),
-            row.c.run_lease,
-            row.c.max_attempts,
-            cast(row.c.attempted_at, Text).label("attempted_at"),
-            cast(_finalized_at(row, cast(null(), Timestamp)), Text).label("finalized_at"),
-            cast(row.c.created_at, Text).label("created_at"),
-            row.c.unique_key,
-            cast(row.c.unique_states, Text).label("unique_states"),
-            cast(_payload(row), Text).label("payload"),
-            metadata_type.label("metadata_type"),
-            row.c.ord,
-        )
-        .order_by(row.c.ord)
-        .subquery("successor")
-    )
-    return select(head.c.shared_key, successors).select_from(head.outerjoin(successors, true()))
+    head = _head(_shared_key(firsts, batch).label("shared_key"))
+    taken = _take(firsts, head, *_callbacks_unwired())
+    successors = _allocated_successors(_timed(taken))
+    return _head_then(head, successors, successors)
 
 
 SUCCESSOR_FIELDS = tuple(c.name for c in qs.deferred_jobs.c)
@@ -538,24 +581,23 @@ def clock() -> Select[Any]:
     return select(cast(func.clock_timestamp(), Text))
 
 
-@cache
-def insert_cancelled() -> Select[Any]:
-    """The cancelled terminal row and its ``+1`` terminal-count delta, in one statement.
-
-    The spec's two inserts (queue_storage.md §6.4, §6.5) as one data-modifying CTE: the delta is
-    built from the row actually inserted, and both still sit inside savepoint b. The payload is
-    the deferred payload with the lifecycle error appended, composed in SQL. The last-resort
-    insert is this statement with ``b_unique_key``/``b_unique_states`` bound to NULL. One row
-    per call: a cancelled duplicate is the per-attempt fallback of a batch.
-    """
-    done = qs.done_entries
+def _payload_with_lifecycle_error() -> ColumnElement[Any]:
+    """``b_payload`` (NULL meaning empty) with ``b_lifecycle_error`` appended to its errors."""
     payload = _jsonb_param("b_payload")
-    lifecycle = _jsonb_param("b_lifecycle_error")
     previous = payload.op("->", return_type=JSONB)(literal_column("'errors'"))
     errors = _concat(
         func.coalesce(previous, _EMPTY_ARRAY),
-        func.jsonb_build_array(lifecycle, type_=JSONB),
+        func.jsonb_build_array(_jsonb_param("b_lifecycle_error"), type_=JSONB),
     )
+    return _concat(
+        func.coalesce(payload, _EMPTY_OBJECT),
+        func.jsonb_build_object(literal_column("'errors'"), errors, type_=JSONB),
+    )
+
+
+def _insert_done_entry() -> CTE:
+    """INSERT the cancelled ``done_entries`` row, returning its terminal-count key."""
+    done = qs.done_entries
     new_id = bindparam("b_job_id", type_=BigInteger)
     values: dict[str, ColumnElement[Any]] = {
         "ready_slot": bindparam("b_ready_slot", type_=done.c.ready_slot.type),
@@ -565,12 +607,9 @@ def insert_cancelled() -> Select[Any]:
         "enqueue_shard": _SHARD0,
         "run_at": bindparam("b_run_at", type_=Timestamp),
         "finalized_at": _text_param_as("b_finalized_at", Timestamp),
-        "payload": _concat(
-            func.coalesce(payload, _EMPTY_OBJECT),
-            func.jsonb_build_object(literal_column("'errors'"), errors, type_=JSONB),
-        ),
+        "payload": _payload_with_lifecycle_error(),
     }
-    row = (
+    return (
         insert(done)
         .values({c.name: values.get(c.name, _value(c)) for c in done.c})
         .returning(
@@ -583,35 +622,49 @@ def insert_cancelled() -> Select[Any]:
         )
         .cte("done")
     )
+
+
+_TERMINAL_BUCKETS: ColumnElement[Any] = literal_column("256")
+
+
+def _counter_bucket(job_id: ColumnElement[Any]) -> ColumnElement[Any]:
+    """``job_id`` modulo 256, Euclidean (ids are positive, but the bucket must never be)."""
+    n = _TERMINAL_BUCKETS
+    return cast(((job_id % n) + n) % n, SmallInteger)
+
+
+def _insert_terminal_delta(done: CTE) -> CTE:
+    """INSERT the ``+1`` terminal-count delta of the row *done* inserted."""
     deltas = qs.queue_terminal_count_deltas
-    n: ColumnElement[Any] = literal_column("256")
-    bucket = ((row.c.job_id % n) + n) % n  # Euclidean, though ids are positive
-    delta = (
+    key = ["ready_slot", "ready_generation", "queue", "priority", "enqueue_shard"]
+    return (
         insert(deltas)
         .from_select(
-            [
-                "ready_slot",
-                "ready_generation",
-                "queue",
-                "priority",
-                "enqueue_shard",
-                "counter_bucket",
-                "terminal_delta",
-            ],
+            [*key, "counter_bucket", "terminal_delta"],
             select(
-                row.c.ready_slot,
-                row.c.ready_generation,
-                row.c.queue,
-                row.c.priority,
-                row.c.enqueue_shard,
-                cast(bucket, SmallInteger),
+                *(done.c[name] for name in key),
+                _counter_bucket(done.c.job_id),
                 cast(literal_column("1"), BigInteger),
             ),
         )
         .returning(deltas.c.ready_slot)
         .cte("delta")
     )
-    return select(row.c.job_id).select_from(row.join(delta, true()))
+
+
+@cache
+def insert_cancelled() -> Select[Any]:
+    """The cancelled terminal row and its ``+1`` terminal-count delta, in one statement.
+
+    The spec's two inserts (queue_storage.md §6.4, §6.5) as one data-modifying CTE: the delta is
+    built from the row actually inserted, and both still sit inside savepoint b. The payload is
+    the deferred payload with the lifecycle error appended, composed in SQL. The last-resort
+    insert is this statement with ``b_unique_key``/``b_unique_states`` bound to NULL. One row
+    per call: a cancelled duplicate is the per-attempt fallback of a batch.
+    """
+    done = _insert_done_entry()
+    delta = _insert_terminal_delta(done)
+    return select(done.c.job_id).select_from(done.join(delta, true()))
 
 
 def all_builders() -> list[Callable[[], Any]]:

@@ -90,14 +90,6 @@ class _Trace:
     outcomes: list[str] = field(default_factory=list)
 
 
-class _Lost(Exception):
-    """Claims another job holds: roll savepoint a back and settle these rows another way."""
-
-    def __init__(self, rows: list[Row[Any]]) -> None:
-        super().__init__(f"{len(rows)} unique claims held by other jobs")
-        self.rows = rows
-
-
 def prepare(
     job_id: object, run_lease: object, kind: object, error: object, progress: object
 ) -> Call:
@@ -347,37 +339,58 @@ def _queue_storage(conn: Connection, calls: Sequence[Call], schema: str) -> list
 def _defer(
     conn: Connection, taken: list[Row[Any]], schema: str
 ) -> tuple[list[Row[Any]], list[Row[Any]]]:
-    """Savepoint a: the successors' claims, then their deferred rows. Returns (written, lost).
+    """Write the successors as deferred rows. Returns (written, lost to a newer claim holder).
 
-    A lost claim leaves PostgreSQL's lock on the holder's claim row, which only rolling the
-    savepoint back releases; the rest are then claimed and written again without it. Any other
-    unique violation cannot be pinned on a row, so each row is then tried alone, in order.
+    Rows whose claims other jobs hold are dropped and the rest written again; a unique
+    violation that no claim explains cannot be pinned on a row, so each row is then tried
+    alone, in order, and one that still fails is lost.
     """
     pending, lost = taken, list[Row[Any]]()
     while pending:
-        try:
-            # Translated inside the try, so that a unique violation is caught as one.
-            with translated(), conn.begin_nested():
-                claiming = [r for r in pending if _claims(r.unique_key, r.unique_states, r.state)]
-                missing = _unacquired(conn, claiming)
-                if missing:
-                    raise _Lost(missing)
-                batch, successors = _binds([_successor(row) for row in pending])
-                execute(conn, statements.insert_deferred(batch), successors, schema)
+        held = _claim_and_insert(conn, pending, schema)
+        if held is None and len(pending) > 1:
+            written, alone_lost = _defer_each(conn, pending, schema)
+            return written, lost + alone_lost
+        if held is None:
+            return [], lost + pending
+        if not held:
             return pending, lost
-        except _Lost as exc:
-            lost += exc.rows
-            pending = [row for row in pending if row not in exc.rows]
-        except UniqueConflict:
-            if len(pending) == 1:
-                return [], [*lost, *pending]
-            written = []
-            for row in pending:
-                alone_written, alone_lost = _defer(conn, [row], schema)
-                written += alone_written
-                lost += alone_lost
-            return written, lost
+        lost += held
+        pending = [row for row in pending if row not in held]
     return [], lost
+
+
+def _defer_each(
+    conn: Connection, rows: list[Row[Any]], schema: str
+) -> tuple[list[Row[Any]], list[Row[Any]]]:
+    """Each row alone under its own savepoint, in order. Returns (written, lost)."""
+    written, lost = list[Row[Any]](), list[Row[Any]]()
+    for row in rows:
+        (written if _claim_and_insert(conn, [row], schema) == [] else lost).append(row)
+    return written, lost
+
+
+def _claim_and_insert(conn: Connection, rows: list[Row[Any]], schema: str) -> list[Row[Any]] | None:
+    """Claim the rows' keys, then insert them, under the savepoint that keeps either undoable.
+
+    Returns ``[]`` when written, else nothing is written and the result says why: the rows whose
+    claims other jobs hold, or None for a unique violation no claim explains. A lost claim
+    leaves PostgreSQL's lock on the holder's claim row, which only rolling the savepoint back
+    releases.
+    """
+    try:
+        # Translated inside the try, so that a unique violation is caught as one.
+        with translated(), conn.begin_nested() as claims_and_deferred_rows:
+            claiming = [r for r in rows if _claims(r.unique_key, r.unique_states, r.state)]
+            held = _unacquired(conn, claiming)
+            if held:
+                claims_and_deferred_rows.rollback()
+            else:
+                batch, successors = _binds([_successor(row) for row in rows])
+                execute(conn, statements.insert_deferred(batch), successors, schema)
+    except UniqueConflict:
+        return None
+    return held
 
 
 def _successor(row: Row[Any]) -> dict[str, Any]:

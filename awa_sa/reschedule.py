@@ -15,10 +15,10 @@ Statements per path, inside the transaction, for a batch of any size:
   NULL, moves every matching row. A missing singleton skips the routing read in the same 2.
 * queue storage: the same 2, then under a savepoint the take/allocation of every row; the
   canonical move of the attempts it did not take (callback wiring, guard misses), if any; and
-  under savepoint a the claims (if any row claims) and the deferred rows. A lost claim rolls
-  savepoint a back and redoes it without that row (+3), which then takes the single-attempt
-  cancelled-duplicate path: ring read, 5 lane statements, clock, savepoint b with its claim and
-  the cancelled row (+ delta), or the last resort.
+  under the deferred-rows savepoint the claims (if any row claims) and the deferred rows. A lost
+  claim rolls that savepoint back and redoes it without that row (+3), which then takes the
+  single-attempt cancelled-duplicate path: ring read, 5 lane statements, clock, the
+  cancelled-row savepoint with its claim and the cancelled row (+ delta), or the last resort.
 
 Two rows of one batch that share a unique key make the order of claim releases and acquisitions
 matter (one by one, a row that still holds the key while running blocks an earlier item that
@@ -256,7 +256,7 @@ def _log(call: Call, routing: str, outcome: str) -> None:
     )
 
 
-def _binds(records: Sequence[Mapping[str, Any]]) -> tuple[bool, Mapping[str, Any]]:
+def _as_binds(records: Sequence[Mapping[str, Any]]) -> tuple[bool, Mapping[str, Any]]:
     """The statement shape for *records* (batch or not) and its binds.
 
     One record binds its scalars; more bind one array per name, one element per record.
@@ -266,8 +266,8 @@ def _binds(records: Sequence[Mapping[str, Any]]) -> tuple[bool, Mapping[str, Any
     return True, {name: [record[name] for record in records] for name in records[0]}
 
 
-def _items(calls: Sequence[Call]) -> tuple[bool, Mapping[str, Any]]:
-    return _binds([call.params for call in calls])
+def _attempts_as_binds(calls: Sequence[Call]) -> tuple[bool, Mapping[str, Any]]:
+    return _as_binds([call.params for call in calls])
 
 
 def _flow(conn: Connection, calls: Sequence[Call], trace: _Trace) -> list[Outcome]:
@@ -275,9 +275,9 @@ def _flow(conn: Connection, calls: Sequence[Call], trace: _Trace) -> list[Outcom
         trace.routing = "canonical (no transition singleton)"
         return _canonical(conn, calls)
     trace.routing = "canonical"  # the next statement writes, and so can fail, only then
-    batch, items = _items(calls)
-    rows = execute(conn, statements.canonical_move(True, batch), items).all()
-    schema: str | None = rows[0].s
+    batch, items = _attempts_as_binds(calls)
+    rows = execute(conn, statements.canonical_move(routed=True, batch=batch), items).all()
+    schema: str | None = rows[0].routing_schema
     if schema is None:
         return _rescheduled(conn, calls, rows)
     trace.routing = schema
@@ -289,8 +289,8 @@ def _flow(conn: Connection, calls: Sequence[Call], trace: _Trace) -> list[Outcom
 
 
 def _canonical(conn: Connection, calls: Sequence[Call]) -> list[Outcome]:
-    batch, items = _items(calls)
-    rows = execute(conn, statements.canonical_move(False, batch), items).all()
+    batch, items = _attempts_as_binds(calls)
+    rows = execute(conn, statements.canonical_move(routed=False, batch=batch), items).all()
     return _rescheduled(conn, calls, rows)
 
 
@@ -309,8 +309,8 @@ def _rescheduled(conn: Connection, calls: Sequence[Call], rows: Sequence[Any]) -
 
 
 def _queue_storage(conn: Connection, calls: Sequence[Call], schema: str) -> list[Outcome]:
-    batch, items = _items(calls)
-    rows = execute(conn, statements.take_and_allocate(batch), items, schema).all()
+    batch, items = _attempts_as_binds(calls)
+    rows = execute(conn, statements.take_and_allocate(batch=batch), items, schema).all()
     if rows[0].shared_key:
         return [_queue_storage(conn, [call], schema)[0] for call in calls]
     taken = [row for row in rows if row.ord is not None]
@@ -380,14 +380,14 @@ def _claim_and_insert(conn: Connection, rows: list[Row[Any]], schema: str) -> li
     """
     try:
         # Translated inside the try, so that a unique violation is caught as one.
-        with translated(), conn.begin_nested() as claims_and_deferred_rows:
+        with translated(), conn.begin_nested() as deferred_rows_savepoint:
             claiming = [r for r in rows if _claims(r.unique_key, r.unique_states, r.state)]
             held = _unacquired(conn, claiming)
             if held:
-                claims_and_deferred_rows.rollback()
+                deferred_rows_savepoint.rollback()
             else:
-                batch, successors = _binds([_successor(row) for row in rows])
-                execute(conn, statements.insert_deferred(batch), successors, schema)
+                batch, successors = _as_binds([_successor(row) for row in rows])
+                execute(conn, statements.insert_deferred(batch=batch), successors, schema)
     except UniqueConflict:
         return None
     return held
@@ -405,8 +405,8 @@ def _cancel_duplicate(conn: Connection, take: Row[Any], schema: str) -> Outcome:
     key = {"b_lane_key": f"{schema}:{take.queue}:{take.priority}:0"}
     execute(conn, statements.lane_lock(), key)
     execute(conn, statements.ensure_lane_row(), lane, schema)
-    execute(conn, statements.ensure_lane_head("enqueue"), lane, schema)
-    execute(conn, statements.ensure_lane_head("claim"), lane, schema)
+    execute(conn, statements.ensure_lane_head(table="enqueue"), lane, schema)
+    execute(conn, statements.ensure_lane_head(table="claim"), lane, schema)
     execute(conn, statements.ensure_lane_sequences(), lane, schema)
     finalized_at = execute(conn, statements.clock()).scalar_one()
     lifecycle = {
@@ -423,7 +423,7 @@ def _cancel_duplicate(conn: Connection, take: Row[Any], schema: str) -> Outcome:
         "b_lifecycle_error": json.dumps(lifecycle),
     }
     try:
-        with translated(), conn.begin_nested():  # savepoint b
+        with translated(), conn.begin_nested():  # the cancelled-row savepoint
             if _claims(take.unique_key, take.unique_states, "cancelled") and _unacquired(
                 conn, [take]
             ):
@@ -450,8 +450,8 @@ def _unacquired(conn: Connection, rows: Sequence[Row[Any]]) -> list[Row[Any]]:
     """Claim ``(unique_key, job_id)`` for each row; the rows whose key another job holds."""
     if not rows:
         return []
-    batch, params = _binds([{"b_unique_key": r.unique_key, "b_job_id": r.job_id} for r in rows])
-    acquired = set(execute(conn, statements.claim_unique_keys(batch), params).scalars())
+    batch, params = _as_binds([{"b_unique_key": r.unique_key, "b_job_id": r.job_id} for r in rows])
+    acquired = set(execute(conn, statements.claim_unique_keys(batch=batch), params).scalars())
     return [row for row in rows if row.job_id not in acquired]
 
 

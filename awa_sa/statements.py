@@ -25,8 +25,8 @@ its VALUES/SET parameter in ``insert()``/``update()``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import cache, partial, reduce
-from typing import Any, Literal
+from functools import partial, reduce, wraps
+from typing import Any, Literal, ParamSpec, TypeVar
 
 from sqlalchemy import (
     CTE,
@@ -102,6 +102,31 @@ def _concat(*parts: ColumnElement[Any]) -> ColumnElement[Any]:
         return a.op("||", return_type=JSONB)(b)
 
     return reduce(op, parts)
+
+
+_P = ParamSpec("_P")
+_S = TypeVar("_S")
+
+
+def _statement(builder: Callable[_P, _S]) -> Callable[_P, _S]:
+    """Memoise *builder* on its keyword arguments, whatever order a caller names them in.
+
+    ``functools.cache`` keys on the order too, so ``f(a=1, b=2)`` and ``f(b=2, a=1)`` would be
+    two statement objects, each compiled once more.
+    """
+    built: dict[frozenset[tuple[str, object]], _S] = {}
+
+    @wraps(builder)
+    def memoised(*args: _P.args, **kwargs: _P.kwargs) -> _S:
+        if args:
+            raise TypeError(f"{builder.__name__}() takes keyword arguments only")
+        key = frozenset(kwargs.items())
+        found = built.get(key)
+        if found is None:
+            found = built[key] = builder(*args, **kwargs)
+        return found
+
+    return memoised
 
 
 # --- the batch: one row per attempt, the first of each (job_id, lease) kept -----------------
@@ -273,7 +298,7 @@ def _errors_after(taken: CTE) -> ColumnElement[Any]:
 # --- routing ------------------------------------------------------------------------------
 
 
-@cache
+@_statement
 def routing_lock() -> Select[Any]:
     """Statement 1: share-lock the transition singleton; no row means canonical routing.
 
@@ -331,8 +356,8 @@ def _insert_scheduled(taken: CTE) -> CTE:
     )
 
 
-@cache
-def canonical_move(routed: bool, batch: bool) -> Select[Any]:
+@_statement
+def canonical_move(*, routed: bool, batch: bool) -> Select[Any]:
     """Statement 2: read routing afresh and, only if it is NULL, move the rows (spec §3.3, §4).
 
     One round trip after the lock, whatever the batch size. The routing read is a new
@@ -340,16 +365,17 @@ def canonical_move(routed: bool, batch: bool) -> Select[Any]:
     transition that committed while we waited. The move is the spec's DELETE...INSERT CTE: same
     id, each successor built only from its deleted row and its own item.
 
-    Always returns a first row ``(s, shared_key, ...)``: ``s`` is the routing schema (non-NULL
-    means nothing was touched; always NULL when not ``routed``, for the missing singleton and
-    the queue-storage fall-through), ``shared_key`` true means nothing was touched either (see
-    ``_shared_key``). Then one row per moved job ``(id, run_lease, run_at, attempt)``, which
-    ``(id, run_lease)`` maps back to the first item asking for it; the first row carries NULLs
-    there when nothing moved.
+    Always returns a first row ``(routing_schema, shared_key, ...)``: a non-NULL
+    ``routing_schema`` means nothing was touched (always NULL when not ``routed``, for the
+    missing singleton and the queue-storage fall-through); ``shared_key`` true means nothing was
+    touched either (see ``_shared_key``). Then one row per moved job ``(id, run_lease, run_at,
+    attempt)``, which ``(id, run_lease)`` maps back to the first item asking for it; the first
+    row carries NULLs there when nothing moved.
     """
     firsts = _firsts(batch)
-    head = _head(_routing_read(routed).label("s"), _shared_key(firsts, batch).label("shared_key"))
-    taken = _take(firsts, head, _scalar(head, "s").is_(None))
+    routing_schema = _routing_read(routed).label("routing_schema")
+    head = _head(routing_schema, _shared_key(firsts, batch).label("shared_key"))
+    taken = _take(firsts, head, _scalar(head, "routing_schema").is_(None))
     moved = _insert_scheduled(taken)
     return _head_then(
         head,
@@ -437,8 +463,8 @@ def _allocated_successors(timed: CTE) -> Any:
     )
 
 
-@cache
-def take_and_allocate(batch: bool) -> Select[Any]:
+@_statement
+def take_and_allocate(*, batch: bool) -> Select[Any]:
     """Take the canonical rows (spec §5.1) and allocate their successors (§5.3), one statement.
 
     The spec's two statements merged: ``nextval`` sits in the select list over the deleted rows,
@@ -487,8 +513,8 @@ def _value(column: Any) -> ColumnElement[Any]:
     return cast(bindparam(f"b_{column.name}", type_=column.type), column.type)
 
 
-@cache
-def insert_deferred(batch: bool) -> Insert:
+@_statement
+def insert_deferred(*, batch: bool) -> Insert:
     """The successors as deferred jobs: all 16 columns explicit (queue_storage.md §3).
 
     ``b_<column>`` scalars for one row, or arrays with one element per row for a batch.
@@ -501,8 +527,8 @@ def insert_deferred(batch: bool) -> Insert:
     return insert(table).from_select([c.name for c in table.c], values)
 
 
-@cache
-def claim_unique_keys(batch: bool) -> Insert:
+@_statement
+def claim_unique_keys(*, batch: bool) -> Insert:
     """Acquire each ``(key, job)`` unless another job id holds the key (queue_storage.md §5.2).
 
     On conflict a row is "updated" to itself only when it already names this job, so the
@@ -521,14 +547,14 @@ def claim_unique_keys(batch: bool) -> Insert:
     ).returning(job_unique_claims.c.job_id)
 
 
-@cache
+@_statement
 def ring_cursor() -> Select[Any]:
     """The v040 ring cursor: a plain read, no lock, exactly as Awa 0.6 (queue_storage.md §6.1)."""
     ring = qs.queue_ring_state
     return select(ring.c.current_slot, ring.c.generation).where(ring.c.singleton)
 
 
-@cache
+@_statement
 def lane_lock() -> Select[Any]:
     """Lane step 1: serialise lane creation on ``hashtextextended('S:queue:priority:0', 0)``."""
     key = bindparam("b_lane_key", type_=Text)
@@ -542,7 +568,7 @@ def _lane_values() -> dict[str, ColumnElement[Any]]:
     }
 
 
-@cache
+@_statement
 def ensure_lane_row() -> Insert:
     """Lane step 2: ``S.queue_lanes``; the head rows below need it for nothing but parity."""
     return (
@@ -553,8 +579,8 @@ def ensure_lane_row() -> Insert:
     )
 
 
-@cache
-def ensure_lane_head(table: Literal["enqueue", "claim"]) -> Insert:
+@_statement
+def ensure_lane_head(*, table: Literal["enqueue", "claim"]) -> Insert:
     """Lane steps 3/4: the head row of shard 0; its BEFORE INSERT trigger creates the sequence.
 
     The trigger fires even when ON CONFLICT then skips the row; it only moves sequences forward.
@@ -568,14 +594,14 @@ def ensure_lane_head(table: Literal["enqueue", "claim"]) -> Insert:
     )
 
 
-@cache
+@_statement
 def ensure_lane_sequences() -> Select[Any]:
     """Lane step 5: ``S.ensure_lane_sequences(queue, priority::smallint, 0::smallint)``."""
     values = _lane_values()
     return select(qs.ensure_lane_sequences(values["queue"], values["priority"], _SHARD0))
 
 
-@cache
+@_statement
 def clock() -> Select[Any]:
     """The wall clock after lane ensuring: the cancelled row's ``finalized_at`` (§6.1.4)."""
     return select(cast(func.clock_timestamp(), Text))
@@ -652,15 +678,15 @@ def _insert_terminal_delta(done: CTE) -> CTE:
     )
 
 
-@cache
+@_statement
 def insert_cancelled() -> Select[Any]:
     """The cancelled terminal row and its ``+1`` terminal-count delta, in one statement.
 
     The spec's two inserts (queue_storage.md §6.4, §6.5) as one data-modifying CTE: the delta is
-    built from the row actually inserted, and both still sit inside savepoint b. The payload is
-    the deferred payload with the lifecycle error appended, composed in SQL. The last-resort
-    insert is this statement with ``b_unique_key``/``b_unique_states`` bound to NULL. One row
-    per call: a cancelled duplicate is the per-attempt fallback of a batch.
+    built from the row actually inserted, and both still sit inside the cancelled-row savepoint.
+    The payload is the deferred payload with the lifecycle error appended, composed in SQL. The
+    last-resort insert is this statement with ``b_unique_key``/``b_unique_states`` bound to
+    NULL. One row per call: a cancelled duplicate is the per-attempt fallback of a batch.
     """
     done = _insert_done_entry()
     delta = _insert_terminal_delta(done)
@@ -672,18 +698,18 @@ def all_builders() -> list[Callable[[], Any]]:
     return [
         routing_lock,
         *(
-            partial(canonical_move, routed, batch)
+            partial(canonical_move, routed=routed, batch=batch)
             for routed in (True, False)
             for batch in (True, False)
         ),
-        *(partial(take_and_allocate, batch) for batch in (True, False)),
-        *(partial(insert_deferred, batch) for batch in (True, False)),
-        *(partial(claim_unique_keys, batch) for batch in (True, False)),
+        *(partial(take_and_allocate, batch=batch) for batch in (True, False)),
+        *(partial(insert_deferred, batch=batch) for batch in (True, False)),
+        *(partial(claim_unique_keys, batch=batch) for batch in (True, False)),
         ring_cursor,
         lane_lock,
         ensure_lane_row,
-        partial(ensure_lane_head, "enqueue"),
-        partial(ensure_lane_head, "claim"),
+        partial(ensure_lane_head, table="enqueue"),
+        partial(ensure_lane_head, table="claim"),
         ensure_lane_sequences,
         clock,
         insert_cancelled,

@@ -24,9 +24,11 @@ its VALUES/SET parameter in ``insert()``/``update()``.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from functools import partial, reduce, wraps
-from typing import Any, Literal, ParamSpec, TypeVar
+from itertools import product
+from typing import Any, Literal, ParamSpec, TypeVar, get_args, get_origin, get_type_hints
 
 from sqlalchemy import (
     CTE,
@@ -107,9 +109,12 @@ def _concat(*parts: ColumnElement[Any]) -> ColumnElement[Any]:
 _P = ParamSpec("_P")
 _S = TypeVar("_S")
 
+_BUILDERS: list[Callable[..., Any]] = []
+"""Every statement builder, in definition order: ``@_statement`` adds it, ``all_builders`` reads."""
+
 
 def _statement(builder: Callable[_P, _S]) -> Callable[_P, _S]:
-    """Memoise *builder* on its keyword arguments, whatever order a caller names them in.
+    """Register *builder* and memoise it on its keyword arguments, in whatever order named.
 
     ``functools.cache`` keys on the order too, so ``f(a=1, b=2)`` and ``f(b=2, a=1)`` would be
     two statement objects, each compiled once more.
@@ -126,6 +131,7 @@ def _statement(builder: Callable[_P, _S]) -> Callable[_P, _S]:
             found = built[key] = builder(*args, **kwargs)
         return found
 
+    _BUILDERS.append(memoised)
     return memoised
 
 
@@ -693,24 +699,26 @@ def insert_cancelled() -> Select[Any]:
     return select(done.c.job_id).select_from(done.join(delta, true()))
 
 
-def all_builders() -> list[Callable[[], Any]]:
-    """Every distinct statement, as zero-argument callables: for compile and cache tests."""
-    return [
-        routing_lock,
-        *(
-            partial(canonical_move, routed=routed, batch=batch)
-            for routed in (True, False)
-            for batch in (True, False)
-        ),
-        *(partial(take_and_allocate, batch=batch) for batch in (True, False)),
-        *(partial(insert_deferred, batch=batch) for batch in (True, False)),
-        *(partial(claim_unique_keys, batch=batch) for batch in (True, False)),
-        ring_cursor,
-        lane_lock,
-        ensure_lane_row,
-        partial(ensure_lane_head, table="enqueue"),
-        partial(ensure_lane_head, table="claim"),
-        ensure_lane_sequences,
-        clock,
-        insert_cancelled,
-    ]
+def all_builders() -> list[partial[Any]]:
+    """Every distinct statement as a zero-argument call: what ``awa-sa sql`` lists and tests use.
+
+    Derived from the builders: each registered one, called with every value its ``bool`` and
+    ``Literal`` parameters allow, so a new builder or argument cannot be left out of either.
+    """
+    return [partial(builder, **args) for builder in _BUILDERS for args in _argument_sets(builder)]
+
+
+def _argument_sets(builder: Callable[..., Any]) -> list[dict[str, object]]:
+    func = inspect.unwrap(builder)
+    hints = get_type_hints(func)
+    names = list(inspect.signature(func).parameters)
+    choices = []
+    for name in names:
+        hint = hints.get(name)
+        if hint is bool:
+            choices.append((False, True))
+        elif get_origin(hint) is Literal:
+            choices.append(get_args(hint))
+        else:
+            raise TypeError(f"{func.__name__}: cannot enumerate parameter {name!r}")
+    return [dict(zip(names, values, strict=True)) for values in product(*choices)]

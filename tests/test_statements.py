@@ -18,7 +18,7 @@ from awa_sa import queue_storage, statements
 
 DIALECT = psycopg.dialect()
 BUILDERS = statements.all_builders()
-IDS = [getattr(b, "__name__", None) or f"{b.func.__name__}{b.keywords}" for b in BUILDERS]  # type: ignore[attr-defined]
+IDS = [f"{b.func.__name__}{b.keywords or ''}" for b in BUILDERS]
 
 
 def _compile(stmt: Any, schema: str | None = None) -> str:

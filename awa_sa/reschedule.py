@@ -191,6 +191,10 @@ def reschedule_canonical_attempts(
     ``awa.jobs_hot`` having statistics, as autovacuum keeps them: on a table bulk-loaded and
     never analysed, PostgreSQL can join items to rows in quadratic time.
 
+    A batch locks the ``awa.jobs_hot`` rows it takes in ascending id order, all in one
+    statement, so it cannot deadlock with another batch, or any locker of several rows that
+    also goes by ascending id.
+
     What differs from one by one: the dirty marks (``awa.admin_dirty_*_marks``) are appended per
     statement, one per distinct queue and kind, so a batch appends fewer identical marks (the
     same set of queues and kinds, all with the same ``touched_at``, which is what maintenance

@@ -40,6 +40,7 @@ from sqlalchemy import (
     Select,
     SmallInteger,
     Text,
+    and_,
     bindparam,
     case,
     cast,
@@ -212,20 +213,70 @@ def _shared_key(firsts: CTE, batch: bool) -> ColumnElement[bool]:
     return exists(shared)
 
 
-def _take(firsts: CTE, head: CTE, *conditions: ColumnElement[bool]) -> CTE:
-    """DELETE the guarded rows (none when ``head.shared_key``), returning them with their item."""
+_ITEM_COLUMNS = ("ord", "tag", "delay", "error", "new_progress")
+"""What a taken row carries from its item, besides the ``jobs_hot`` columns."""
+
+
+def _take(
+    firsts: CTE,
+    head: CTE,
+    *,
+    batch: bool,
+    routed_here: Sequence[ColumnElement[bool]] = (),
+    eligible: Sequence[ColumnElement[bool]] = (),
+) -> CTE:
+    """DELETE the guarded rows, returning each with its item; none when ``head.shared_key``.
+
+    *routed_here* says whether this statement's branch applies at all; *eligible* picks the
+    rows this statement takes among those it may lock. A batch first locks every guarded row
+    its branch may touch, in id order (:func:`_lock_in_id_order`), eligible or not: the rows
+    left to a later statement of the same call (callback wiring, a shared key) are then locked
+    already, and the call takes all its row locks in that one order. A single call has one
+    row, whose lock needs no order.
+    """
+    unshared = ~_scalar(head, "shared_key")
+    if not batch:
+        return (
+            delete(jobs_hot)
+            .where(*_guard(jobs_hot, firsts), *routed_here, *eligible, unshared)
+            .returning(*jobs_hot.c, *(firsts.c[name] for name in _ITEM_COLUMNS))
+            .cte("taken")
+        )
+    locked = _lock_in_id_order(firsts, routed_here, and_(*eligible, unshared))
     return (
         delete(jobs_hot)
-        .where(*_guard(jobs_hot, firsts), *conditions, ~_scalar(head, "shared_key"))
-        .returning(
-            *jobs_hot.c,
-            firsts.c.ord,
-            firsts.c.tag,
-            firsts.c.delay,
-            firsts.c.error,
-            firsts.c.new_progress,
-        )
+        .where(jobs_hot.c.id == locked.c.id, locked.c.take)
+        .returning(*jobs_hot.c, *(locked.c[name] for name in _ITEM_COLUMNS))
         .cte("taken")
+    )
+
+
+def _lock_in_id_order(
+    firsts: CTE, routed_here: Sequence[ColumnElement[bool]], take: ColumnElement[bool]
+) -> CTE:
+    """``SELECT ... ORDER BY id FOR UPDATE``: the guarded rows, locked lowest id first.
+
+    A DELETE locks rows in whatever order its plan visits them, so two multi-row lockers could
+    each hold a row the other waits for. PostgreSQL locks a ``FOR UPDATE`` query's rows as they
+    leave its sort, so this order is the statement's own, whatever the plan, and a batch cannot
+    deadlock with another locker that also goes by ascending id. A row changed while we waited
+    is checked against the guard again before it is locked, as the DELETE alone would do.
+
+    Whether the DELETE takes a row is the column ``take``, not a condition of the DELETE: a
+    condition that does not depend on the row (the shared key) becomes a gate in front of the
+    DELETE's join, and then nothing reads this CTE and nothing is locked.
+    """
+    return (
+        select(
+            jobs_hot.c.id,
+            *(firsts.c[name] for name in _ITEM_COLUMNS),
+            take.label("take"),
+        )
+        .where(*_guard(jobs_hot, firsts), *routed_here)
+        .order_by(jobs_hot.c.id)
+        .with_for_update(of=jobs_hot)
+        .cte("locked")
+        .prefix_with("MATERIALIZED")
     )
 
 
@@ -381,7 +432,8 @@ def canonical_move(*, routed: bool, batch: bool) -> Select[Any]:
     firsts = _firsts(batch)
     routing_schema = _routing_read(routed).label("routing_schema")
     head = _head(routing_schema, _shared_key(firsts, batch).label("shared_key"))
-    taken = _take(firsts, head, _scalar(head, "routing_schema").is_(None))
+    routed_here = _scalar(head, "routing_schema").is_(None)
+    taken = _take(firsts, head, batch=batch, routed_here=[routed_here])
     moved = _insert_scheduled(taken)
     return _head_then(
         head,
@@ -486,7 +538,7 @@ def take_and_allocate(*, batch: bool) -> Select[Any]:
     """
     firsts = _firsts(batch)
     head = _head(_shared_key(firsts, batch).label("shared_key"))
-    taken = _take(firsts, head, *_callbacks_unwired())
+    taken = _take(firsts, head, batch=batch, eligible=_callbacks_unwired())
     successors = _allocated_successors(_timed(taken))
     return _head_then(head, successors, successors)
 

@@ -296,11 +296,13 @@ def _successor_state(taken: CTE) -> ColumnElement[Any]:
 
 
 def _successor_attempt(taken: CTE) -> ColumnElement[Any]:
-    # The snoozed attempt does not count.
-    return case(
-        (_is(taken, "snooze"), cast(taken.c.attempt - literal_column("1"), SmallInteger)),
-        else_=taken.c.attempt,
-    )
+    """The snoozed attempt does not count: one less, but never below smallint's floor.
+
+    Awa takes one off with a saturating subtraction, so -32768 stays -32768 where ``attempt
+    - 1`` would leave smallint (22003).
+    """
+    one_less = func.greatest(taken.c.attempt - literal_column("1"), literal_column("-32768"))
+    return case((_is(taken, "snooze"), cast(one_less, SmallInteger)), else_=taken.c.attempt)
 
 
 def _finalized_at(taken: CTE, snoozed: ColumnElement[Any]) -> ColumnElement[Any]:

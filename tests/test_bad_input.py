@@ -20,15 +20,18 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 import awa_sa.asyncio as awa_async
 from awa_sa import (
+    Attempt,
     AwaSAError,
     DatabaseError,
     InvalidSchemaName,
+    Migrated,
     Rescheduled,
     RetryAfter,
     RetryBackoff,
     Snooze,
     ValidationError,
     reschedule_canonical_attempt,
+    reschedule_canonical_attempts,
 )
 from awa_sa.reschedule import prepare, run
 
@@ -172,6 +175,32 @@ def test_backoff_overflow_changes_nothing(cluster: Any, phase: str) -> None:
         assert info.value.sqlstate in ("22008", "22003"), attempt
         assert isinstance(info.value.__cause__, sa.exc.DBAPIError)
     assert snapshot_of(cluster.engine) == before  # not even an id from awa_qs.job_id_seq
+
+
+@pytest.mark.parametrize("phase", ["canonical", "mixed_transition"])
+def test_snooze_at_the_smallint_floor_keeps_it(cluster: Any, phase: str) -> None:
+    """A Snooze takes one off the attempt, saturating at -32768 as Awa's subtraction does."""
+    cluster.set_phase(phase, "awa_qs")
+    with cluster.engine.begin() as conn:
+        advance_all(conn)
+        alone = insert_job(conn, attempt=-32768)
+        batch = [insert_job(conn, attempt=a) for a in (-32768, -32767, -32766)]
+    outcomes = [reschedule_canonical_attempt(cluster.engine, alone, 1, Snooze(1))]
+    outcomes += reschedule_canonical_attempts(
+        cluster.engine, [Attempt(job, 1, Snooze(1)) for job in batch]
+    )
+    moved = [o for o in outcomes if isinstance(o, Rescheduled | Migrated)]
+    assert [o.attempt for o in moved] == [-32768, -32768, -32768, -32767]
+    with cluster.engine.connect() as conn:
+        if phase == "canonical":
+            table, ids = "awa.scheduled_jobs WHERE id", [alone, *batch]
+        else:
+            table, ids = "awa_qs.deferred_jobs WHERE job_id", [o.job_id for o in moved]
+        stored = [
+            conn.execute(sa.text(f"SELECT attempt FROM {table} = :id"), {"id": i}).scalar_one()
+            for i in ids
+        ]
+    assert stored == [-32768, -32768, -32768, -32767]
 
 
 def test_non_object_metadata_is_refused_in_queue_storage(cluster: Any) -> None:

@@ -426,20 +426,31 @@ def _cancel_duplicate(conn: Connection, take: Row[Any], schema: str) -> Outcome:
         "b_finalized_at": finalized_at,
         "b_lifecycle_error": json.dumps(lifecycle),
     }
-    try:
-        with translated(), conn.begin_nested():  # the cancelled-row savepoint
-            if _claims(take.unique_key, take.unique_states, "cancelled") and _unacquired(
-                conn, [take]
-            ):
-                raise UniqueConflict(
-                    statements.CLAIM_CONSTRAINT, "unique claim held by another job"
-                )
-            execute(conn, statements.insert_cancelled(), row, schema)
-    except UniqueConflict:
+    if not _claim_and_insert_cancelled(conn, take, row, schema):
         # Last resort: the newer holder keeps the key; the record keeps everything else.
         stripped = {**row, "b_unique_key": None, "b_unique_states": None}
         execute(conn, statements.insert_cancelled(), stripped, schema)
     return CancelledDuplicate(take.job_id)
+
+
+def _claim_and_insert_cancelled(
+    conn: Connection, take: Row[Any], row: Mapping[str, Any], schema: str
+) -> bool:
+    """Claim the key (if the cancelled state claims it), then insert the cancelled row.
+
+    Under its own savepoint: False, with nothing written, when another job holds the key.
+    """
+    claims = _claims(take.unique_key, take.unique_states, "cancelled")
+    try:
+        # Translated inside the try, so that a unique violation is caught as one.
+        with translated(), conn.begin_nested() as cancelled_row_savepoint:
+            if claims and _unacquired(conn, [take]):
+                cancelled_row_savepoint.rollback()
+                return False
+            execute(conn, statements.insert_cancelled(), row, schema)
+    except UniqueConflict:
+        return False
+    return True
 
 
 def _claims(unique_key: bytes | None, unique_states: str | None, state: str) -> bool:

@@ -75,9 +75,6 @@ KindTag = Literal["snooze", "retry_after", "retry_backoff"]
 ITEM_PARAMS = ("guard_id", "guard_lease", "b_tag", "b_delay", "b_error", "b_progress")
 """The per-attempt bind arrays of the moving statements, in unnest order."""
 
-CLAIM_CONSTRAINT = "idx_awa_jobs_unique"
-"""The arbiter index of ``awa.job_unique_claims``, and the name Awa reports on a conflict."""
-
 LIFECYCLE_DUPLICATE = "rescheduled as duplicate: unique claim held by a newer job"
 
 _EMPTY_OBJECT = cast(literal_column("'{}'"), JSONB)

@@ -3,6 +3,8 @@
 Every builder is memoised, so one statement object per shape exists for the life of the process
 and :mod:`awa_sa.compiled` compiles each once; values travel only as bind parameters, and the
 queue-storage schema only through ``schema_translate_map`` (see :mod:`awa_sa.queue_storage`).
+Builders take keyword arguments only, and each is registered where it is defined, so
+:func:`all_builders` -- what ``awa-sa sql`` lists and the tests compile -- cannot miss one.
 
 The statements that move, claim or write rows work on a batch, so there is one statement per
 step whatever the batch size, and the kind is a per-row value (``tag``), not part of the shape.

@@ -93,7 +93,7 @@ def canonical_texts(dialect: Dialect) -> tuple[Compiled, Compiled]:
     """The canonical reschedule's two statements exactly as awa-sa sends them on *dialect*."""
     return (
         compiled(statements.routing_lock(), dialect),
-        compiled(statements.canonical_move(True, False), dialect),
+        compiled(statements.canonical_move(routed=True, batch=False), dialect),
     )
 
 

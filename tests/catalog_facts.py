@@ -30,7 +30,8 @@ from awa_sa.tools.server import EmbeddedPostgres
 # suite; AWA_SA_CATALOG points elsewhere (test_catalog_parity checks it equals the shared spec).
 CATALOG_PATH = Path(
     os.environ.get(
-        "AWA_SA_CATALOG", Path(__file__).resolve().parents[1] / "schema" / "v040_catalog.json"
+        "AWA_SA_CATALOG",
+        Path(__file__).resolve().parents[1] / "awa_sa_schema" / "v040_catalog.json",
     )
 )
 SHARED_SPEC_CATALOG = Path("/work/shared/spec/v040_catalog.json")

@@ -1,1 +1,1 @@
-"""Benchmark: awa-sa against the raw-psycopg floor, in one run on one throwaway database."""
+"""Benchmark: awa-sa against each raw driver, the database's time, distance and concurrency."""

@@ -17,7 +17,6 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 from catalog_facts import (
-    SHARED_SPEC_CATALOG,
     Facts,
     cloned_database,
     diff,
@@ -85,12 +84,6 @@ def catalog() -> Facts:
 @pytest.fixture(scope="module")
 def expected(catalog: Facts) -> dict[str, Facts]:
     return expected_objects(catalog)
-
-
-def test_vendored_catalog_is_the_shared_spec() -> None:
-    if not SHARED_SPEC_CATALOG.exists():
-        pytest.skip("the shared spec directory is not on this machine")
-    assert load_catalog() == load_catalog(SHARED_SPEC_CATALOG)
 
 
 @pytest.fixture(scope="module")

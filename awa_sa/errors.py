@@ -85,6 +85,10 @@ class EmbeddedPostgresError(AwaSAError, RuntimeError):
     """The throwaway server could not be found, initialised or started."""
 
 
+class UnusableServer(AwaSAError, RuntimeError):
+    """The server given to the testing kit cannot host its databases (no CREATEDB, unreachable)."""
+
+
 class DemoUnavailable(AwaSAError, RuntimeError):
     """Something the demo needs (server binaries, the Alembic fixture) is not installed."""
 

@@ -2,7 +2,8 @@
 
 PostgreSQL refuses to run as root, and CI runs as root, so the server is started as the
 unprivileged ``postgres`` account when we are root; otherwise as ourselves. Everything lives
-in one temporary directory that :meth:`EmbeddedPostgres.stop` removes.
+in one temporary directory that :meth:`EmbeddedPostgres.stop` removes, in RAM when there is room
+(see :func:`scratch_parent`).
 """
 
 from __future__ import annotations
@@ -55,6 +56,33 @@ def find_bindir() -> Path:
     )
 
 
+SCRATCH_ENVIRONMENT_VARIABLE = "AWA_SA_PG_TMPDIR"
+_RAM_DIR = Path("/dev/shm")
+_RAM_DIR_MIN_FREE = 1 << 30
+
+
+def scratch_parent() -> str | None:
+    """Where a server's directory goes: $AWA_SA_PG_TMPDIR, else RAM if roomy, else the temp dir.
+
+    Tests clone a database per test, and a v040 database is some 900 files. Creating them costs
+    about 600 ms on the ext4 disk of a small VM even with fsync off, and about 40 ms on tmpfs.
+    ``/dev/shm`` is used only with 1 GiB free: containers often give it 64 MB.
+    """
+    given = os.environ.get(SCRATCH_ENVIRONMENT_VARIABLE)
+    if given:
+        return given
+    try:
+        stat = os.statvfs(_RAM_DIR)
+    except OSError:
+        return None
+    roomy = stat.f_bavail * stat.f_frsize >= _RAM_DIR_MIN_FREE
+    return str(_RAM_DIR) if roomy and os.access(_RAM_DIR, os.W_OK | os.X_OK) else None
+
+
+def _scratch_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="awa-sa-pg-", dir=scratch_parent()))
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -69,7 +97,7 @@ class EmbeddedPostgres:
     host: str = "127.0.0.1"
     port: int = field(default_factory=_free_port)
     user: str = "postgres"
-    root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="awa-sa-pg-")))
+    root: Path = field(default_factory=_scratch_dir)
     _run_as: str | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:

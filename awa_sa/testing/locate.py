@@ -1,0 +1,133 @@
+"""Where a job lives now, so that a service test asserts on what happened, not on SQL.
+
+A re-scheduled attempt ends in one of three places: ``awa.scheduled_jobs`` under its own id
+(canonical routing), ``S.deferred_jobs`` under a fresh id (routing flipped to queue-storage
+schema ``S``), or ``S.done_entries`` as a cancelled duplicate. It stays in ``awa.jobs_hot`` when
+the reschedule was stale or rolled back. Canonical ids and ``S`` ids are separate number spaces,
+so a bare id is looked up in one of them: the canonical one unless a schema is named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from awa_sa.errors import ValidationError
+from awa_sa.kinds import CancelledDuplicate, Migrated, Rescheduled
+from awa_sa.queue_storage import deferred_jobs, done_entries, translate_map
+from awa_sa.tables import jobs_hot, scheduled_jobs
+
+AWA_SCHEMA = "awa"
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """One job's row: the table it is in, and the columns a test usually asserts on.
+
+    ``schema`` is ``"awa"`` for the canonical tables (``jobs_hot``, ``scheduled_jobs``) and the
+    queue-storage schema for ``deferred_jobs`` and ``done_entries`` (which may be ``"awa"``
+    too: v040's default substrate lives there). ``errors`` is the canonical ``errors`` column,
+    or the ``errors`` list of a queue-storage payload (empty when it has none).
+    """
+
+    schema: str
+    table: str
+    job_id: int
+    state: str
+    attempt: int
+    run_lease: int
+    run_at: datetime | None
+    errors: tuple[Any, ...]
+
+    @property
+    def relation(self) -> str:
+        """``schema.table``, e.g. ``"awa_qs.deferred_jobs"``."""
+        return f"{self.schema}.{self.table}"
+
+
+def _canonical(table: sa.Table) -> sa.Select[Any]:
+    c = table.c
+    return sa.select(
+        sa.literal(table.name).label("table"),
+        sa.cast(c.state, sa.Text).label("state"),
+        c.attempt,
+        c.run_lease,
+        c.run_at,
+        c.errors,
+    ).where(c.id == sa.bindparam("job_id"))
+
+
+def _queue_storage(table: sa.Table) -> sa.Select[Any]:
+    c = table.c
+    return sa.select(
+        sa.literal(table.name).label("table"),
+        sa.cast(c.state, sa.Text).label("state"),
+        c.attempt,
+        c.run_lease,
+        c.run_at,
+        c.payload["errors"].label("errors"),
+    ).where(c.job_id == sa.bindparam("job_id"))
+
+
+_CANONICAL = sa.union_all(_canonical(jobs_hot), _canonical(scheduled_jobs))
+_QUEUE_STORAGE = sa.union_all(_queue_storage(deferred_jobs), _queue_storage(done_entries))
+_ROUTED_SCHEMA = sa.select(sa.func.awa.active_queue_storage_schema())
+
+
+def locate(
+    conn: sa.Connection,
+    job: int | Rescheduled | Migrated | CancelledDuplicate,
+    *,
+    schema: str | None = None,
+) -> Location | None:
+    """The row of *job* now, or None when no table has it.
+
+    *job* is an outcome or an id. ``Rescheduled`` and a bare id are canonical ids, unless
+    ``schema`` names a queue-storage schema to look in instead. ``Migrated`` and
+    ``CancelledDuplicate`` carry ids of queue-storage schema ``schema``, by default the one
+    routing points at now. Reads in *conn*'s transaction, so it sees that transaction's writes.
+    """
+    if isinstance(job, Migrated | CancelledDuplicate):
+        job_id = job.job_id
+        schema = schema or _routed_schema(conn)
+    elif isinstance(job, Rescheduled):
+        job_id = job.job_id
+    elif isinstance(job, int) and not isinstance(job, bool):
+        job_id = job
+    else:
+        raise ValidationError(f"job must be an id or an outcome that names one, got {job!r}")
+    if schema is None:
+        row = conn.execute(_CANONICAL, {"job_id": job_id}).one_or_none()
+        where = AWA_SCHEMA
+    else:
+        row = conn.execute(
+            _QUEUE_STORAGE,
+            {"job_id": job_id},
+            execution_options={"schema_translate_map": translate_map(schema)},
+        ).one_or_none()
+        where = schema
+    if row is None:
+        return None
+    return Location(
+        schema=where,
+        table=row.table,
+        job_id=job_id,
+        state=row.state,
+        attempt=row.attempt,
+        run_lease=row.run_lease,
+        run_at=row.run_at,
+        errors=tuple(row.errors or ()),
+    )
+
+
+def _routed_schema(conn: sa.Connection) -> str:
+    schema: str | None = conn.execute(_ROUTED_SCHEMA).scalar_one()
+    if schema is None:
+        raise ValidationError(
+            "routing is canonical now, so the queue-storage schema of this outcome is unknown; "
+            "pass schema="
+        )
+    return schema

@@ -1,0 +1,29 @@
+"""Move the kit's database between storage phases, as ``awa storage ...`` would leave it."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import sqlalchemy as sa
+
+Phase = Literal["canonical", "prepared", "mixed_transition", "active", "aborted"]
+
+
+def set_phase(conn: sa.Connection, phase: Phase, schema: str = "awa_qs") -> None:
+    """Write the transition singleton and routing marker of *phase*, routing to *schema*.
+
+    From a fresh (canonical) database the rows are those the published CLI leaves after
+    ``prepare --details '{"schema": S}'``, ``enter-mixed-transition``, ``finalize`` or ``abort``:
+    the same epochs, details and marker row. Once ``mixed_transition`` or ``active`` is
+    committed, a reschedule moves attempts into *schema* (``awa_qs`` and ``awa`` both have a
+    queue-storage substrate in the kit's databases). Runs in *conn*'s transaction; commit it.
+    Raises ``ValueError`` for an unknown phase or a schema without a substrate.
+
+    Phases may be skipped: ``active`` straight from canonical leaves what prepare, enter and
+    finalize leave. ``aborted`` returns to canonical one epoch up, so it matches the CLI's
+    ``abort`` when it follows ``prepared`` or ``mixed_transition``, as the CLI requires.
+    """
+    # The fixture package imports Alembic; only a test that changes phase pays for that.
+    from awa_sa_schema.phases import set_phase as write_phase_rows
+
+    write_phase_rows(conn, phase, schema)

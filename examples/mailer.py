@@ -1,0 +1,68 @@
+"""An example service that embeds awa-sa: a mailer that settles its failed attempts itself.
+
+Awa's worker claims ``send_email`` jobs and the handler sends the message. When sending fails,
+the service does two things that must commit together: it asks Awa to retry the attempt later
+(``reschedule_canonical_attempt`` on the service's own ``Connection``) and records the failure
+in a table of its own, which support reads. A retry nobody recorded, or a record of a retry that
+never happened, would both mislead; one transaction rules both out.
+
+``test_mailer.py`` tests it with nothing but the awa-sa testing kit.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import sqlalchemy as sa
+
+from awa_sa import CancelledDuplicate, Outcome, RetryBackoff, Stale, reschedule_canonical_attempt
+
+metadata = sa.MetaData()
+
+failed_deliveries = sa.Table(
+    "failed_deliveries",
+    metadata,
+    sa.Column("job_id", sa.BigInteger, primary_key=True),
+    sa.Column("run_lease", sa.BigInteger, primary_key=True),
+    sa.Column("error", sa.Text, nullable=False),
+    sa.Column("outcome", sa.Text, nullable=False),
+    # The job that will try again: the same id, or a fresh one once Awa has moved the job to
+    # queue storage. None when a newer email to the same address made this one a duplicate.
+    sa.Column("retry_job_id", sa.BigInteger),
+    sa.Column("recorded_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
+)
+
+
+def create_tables(engine: sa.Engine) -> None:
+    metadata.create_all(engine)
+
+
+def on_delivery_failure(
+    engine: sa.Engine, job_id: int, run_lease: int, attempt: int, exc: Exception
+) -> Outcome:
+    """Retry the failed attempt ``(job_id, run_lease)`` with backoff and record it, atomically.
+
+    A ``Stale`` attempt was settled by someone else (rescued, cancelled, already retried):
+    nothing is written and nothing recorded. If the record cannot be written the retry is
+    rolled back with it and the error propagates; the attempt stays running until Awa rescues it.
+    """
+    error = {
+        "error": f"{type(exc).__name__}: {exc}",
+        "attempt": attempt,
+        "at": dt.datetime.now(dt.UTC).isoformat(),
+    }
+    with engine.begin() as conn:
+        outcome = reschedule_canonical_attempt(conn, job_id, run_lease, RetryBackoff(), error=error)
+        if isinstance(outcome, Stale):
+            return outcome
+        retry = None if isinstance(outcome, CancelledDuplicate) else outcome.job_id
+        conn.execute(
+            failed_deliveries.insert().values(
+                job_id=job_id,
+                run_lease=run_lease,
+                error=str(exc),
+                outcome=type(outcome).__name__,
+                retry_job_id=retry,
+            )
+        )
+    return outcome

@@ -1,4 +1,4 @@
-"""The async face: the same flow on ``AsyncEngine``/``AsyncConnection`` (psycopg async).
+"""The async face: the same flow on ``AsyncEngine``/``AsyncConnection`` (psycopg 3 or asyncpg).
 
 ``AsyncConnection.run_sync`` drives the sync flow in SQLAlchemy's greenlet bridge, so there is one
 copy of the decision logic and both faces send the same compiled statements.
@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from awa_sa.drivers import check_dialect
 from awa_sa.errors import ValidationError, translated
 from awa_sa.kinds import Attempt, Kind, Outcome
 from awa_sa.reschedule import Call, prepare, prepare_all, run_all
@@ -50,6 +51,7 @@ def _check_bind(bind: object) -> None:
             "bind must be a sqlalchemy AsyncEngine or AsyncConnection, got "
             f"{type(bind).__name__} (use the awa_sa functions for sync binds)"
         )
+    check_dialect(bind.dialect, is_async=True)
 
 
 async def _within(bind: AsyncEngine | AsyncConnection, calls: list[Call]) -> list[Outcome]:

@@ -7,7 +7,14 @@ in advance: their identity, the dialect and the schema. The text is compiled onc
 with the schema rendered in, and sent with ``Connection.exec_driver_sql``: the same connection,
 transaction, savepoints and events (``before_cursor_execute`` still fires), without the walk.
 
-It is also the text ``awa-sa sql`` prints, so the listing is what the database receives.
+The flow always speaks in named values. A named-parameter driver (psycopg 3, psycopg2) takes
+them as a dict; a positional one (asyncpg's ``$1``, pg8000's ``%s``) takes a tuple in the order
+the compiler numbered the placeholders, which is fixed at compile time, so each call only picks
+the values out in that order. ``exec_driver_sql`` applies no type processing, so the flow hands
+over values each driver accepts as they are (see :mod:`awa_sa.drivers`).
+
+For psycopg 3 it is also the text ``awa-sa sql`` prints, so the listing is what the database
+receives.
 """
 
 from __future__ import annotations
@@ -24,17 +31,32 @@ from sqlalchemy.sql.elements import ClauseElement
 
 from awa_sa.queue_storage import translate_map
 
+Params = Mapping[str, Any] | tuple[Any, ...]
+"""What the driver receives: named values, or positional ones in placeholder order."""
+
 
 @dataclass(frozen=True, slots=True)
 class Compiled:
-    """A statement's text for one dialect and schema, and the values of binds that have one."""
+    """A statement's text for one dialect and schema, and how its values are laid out.
+
+    ``positions`` is None for a named-parameter dialect; otherwise the bind name behind each
+    placeholder, in order (a name repeats where ``%s`` repeats; ``$n`` names each bind once).
+    """
 
     sql: str
     defaults: Mapping[str, Any]
+    positions: tuple[str, ...] | None = None
 
-    def params(self, values: Mapping[str, Any]) -> Mapping[str, Any]:
-        """*values* completed with the defaults; a required bind left out is the driver's error."""
-        return {**self.defaults, **values} if self.defaults else values
+    def params(self, values: Mapping[str, Any]) -> Params:
+        """*values* completed with the defaults, as the driver takes them.
+
+        A required bind left out is the driver's error (named) or a ``KeyError`` (positional).
+        """
+        if self.defaults:
+            values = {**self.defaults, **values}
+        if self.positions is None:
+            return values
+        return tuple([values[name] for name in self.positions])
 
 
 def compile_statement(stmt: ClauseElement, dialect: Dialect, schema: str | None) -> Compiled:
@@ -44,12 +66,17 @@ def compile_statement(stmt: ClauseElement, dialect: Dialect, schema: str | None)
         options = {"schema_translate_map": translate_map(schema), "render_schema_translate": True}
     compiled = stmt.compile(dialect=dialect, **options)
     assert isinstance(compiled, SQLCompiler)  # a statement, not DDL
+    # Nothing of ours expands at execution time ("expanding" IN lists, literal_execute), which
+    # would make the text depend on the values.
+    assert not compiled.post_compile_params
+    assert not compiled.literal_execute_params
     defaults = {
         compiled.bind_names[bind]: bind.effective_value
         for bind in compiled.binds.values()
         if not bind.required
     }
-    return Compiled(compiled.string, defaults)
+    positions = tuple(compiled.positiontup or ()) if compiled.positional else None
+    return Compiled(compiled.string, defaults, positions)
 
 
 _cache: WeakKeyDictionary[Dialect, dict[tuple[ClauseElement, str | None], Compiled]] = (

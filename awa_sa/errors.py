@@ -7,7 +7,8 @@
   canonical path it propagates and the attempt stays running, as in Awa (spec §4, §9).
 * :class:`DatabaseError` -- any other driver error (interval overflow, lock timeout,
   serialization failure, lost connection). ``sqlstate`` is exposed; ``__cause__`` is the
-  SQLAlchemy exception, whose ``orig`` is the driver's own.
+  SQLAlchemy exception, whose ``orig`` is the driver's own. The SQLSTATE, constraint name and
+  message are read the same way from every supported driver (:func:`server_report`).
 
 Whatever is raised, nothing the operation did is committed. With an ``Engine`` its own
 transaction is rolled back. With a ``Connection`` the caller's transaction is left either
@@ -19,10 +20,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import sqlalchemy.exc
 
 UNIQUE_VIOLATION = "23505"
+CONNECTION_LOST = "08006"
+"""The SQLSTATE of every lost connection (PostgreSQL's ``connection_failure``), on every driver.
+
+Drivers disagree here: psycopg 3 reports the server's farewell (57P01 after
+``pg_terminate_backend``), asyncpg its own 08003, psycopg2 and pg8000 nothing at all, and a
+network failure gives no server code anywhere. One value lets a caller's retry policy treat
+them alike; the driver's own exception stays available as ``__cause__``.
+"""
 
 
 class AwaSAError(Exception):
@@ -55,8 +65,9 @@ class UniqueConflict(AwaSAError):
 class DatabaseError(AwaSAError):
     """The database refused a statement for a reason other than a unique conflict.
 
-    ``sqlstate`` is None when the failure carried no SQLSTATE (a lost connection, or an
-    expected row that was missing).
+    ``sqlstate`` is :data:`CONNECTION_LOST` for a lost connection whatever the driver, and
+    None when the failure carried no SQLSTATE (an expected row that was missing, SQLAlchemy
+    refusing a connection that already failed).
     """
 
     def __init__(self, message: str, sqlstate: str | None = None) -> None:
@@ -96,17 +107,82 @@ class DemoUnavailable(AwaSAError, RuntimeError):
 def translate_db_error(exc: sqlalchemy.exc.DBAPIError) -> AwaSAError:
     """The awa-sa error for a driver error; the caller raises it ``from exc``.
 
-    The constraint name of a 23505 comes from the server's diagnostics, so the claim trigger's
-    ``idx_awa_jobs_unique`` and a ``*_pkey`` are told apart as Awa does.
+    The constraint name of a 23505 comes from the server's own report, so the claim trigger's
+    ``idx_awa_jobs_unique`` and a ``*_pkey`` are told apart as Awa does. A connection that
+    SQLAlchemy found dead is :data:`CONNECTION_LOST` on every driver.
     """
-    orig = exc.orig
-    sqlstate: str | None = getattr(orig, "sqlstate", None)
+    if exc.connection_invalidated:
+        return connection_lost(exc.orig)
+    report = server_report(exc.orig)
+    if report.sqlstate == UNIQUE_VIOLATION:
+        return UniqueConflict(report.constraint, report.message)
+    return DatabaseError(report.message, report.sqlstate)
+
+
+def connection_lost(orig: BaseException | None) -> DatabaseError:
+    """A lost connection, whatever the driver said about it (its first line is kept)."""
+    first_line = _text(orig).split("\n", 1)[0]
+    return DatabaseError(f"connection lost: {first_line}", CONNECTION_LOST)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerReport:
+    """What the server said about a failed statement, whichever driver carried it."""
+
+    sqlstate: str | None
+    constraint: str | None
+    message: str
+
+
+def server_report(orig: BaseException | None) -> ServerReport:
+    """Read SQLSTATE, constraint name and message out of a driver exception.
+
+    * psycopg 3 and psycopg2 expose the server's fields as ``diag``;
+    * pg8000 passes the raw ErrorResponse fields, keyed by their protocol letters
+      (``C`` SQLSTATE, ``n`` constraint, ``M`` message, ``D`` detail), as ``args[0]``;
+    * SQLAlchemy's asyncpg adapter copies only the SQLSTATE onto its own exception; asyncpg's
+      exception, with ``constraint_name``, ``message`` and ``detail``, is its ``__cause__``.
+
+    An error raised by the driver itself carries no SQLSTATE (except asyncpg's own codes for
+    client-side refusals); its text is the message.
+    """
     diag = getattr(orig, "diag", None)
-    if sqlstate == UNIQUE_VIOLATION:
-        constraint: str | None = getattr(diag, "constraint_name", None)
-        return UniqueConflict(constraint, str(orig).strip())
-    primary: str | None = getattr(diag, "message_primary", None)
-    return DatabaseError(primary or str(orig).strip(), sqlstate)
+    if diag is not None:
+        return _report(
+            diag.sqlstate, diag.constraint_name, diag.message_primary, diag.message_detail, orig
+        )
+    fields = orig.args[0] if orig is not None and orig.args else None
+    if isinstance(fields, dict):
+        return _report(fields.get("C"), fields.get("n"), fields.get("M"), fields.get("D"), orig)
+    cause = orig.__cause__ if orig is not None else None
+    sqlstate = getattr(orig, "sqlstate", None)
+    if cause is not None and sqlstate is not None and getattr(cause, "sqlstate", None) == sqlstate:
+        return _report(
+            sqlstate,
+            getattr(cause, "constraint_name", None),
+            getattr(cause, "message", None),
+            getattr(cause, "detail", None),
+            orig,
+        )
+    return _report(sqlstate, None, None, None, orig)
+
+
+def _report(
+    sqlstate: str | None,
+    constraint: str | None,
+    primary: str | None,
+    detail: str | None,
+    orig: BaseException | None,
+) -> ServerReport:
+    """The message as psycopg 3 renders it: the primary text, then the detail line if any."""
+    if not primary:
+        return ServerReport(sqlstate, constraint, _text(orig))
+    message = f"{primary}\nDETAIL:  {detail}" if detail else primary
+    return ServerReport(sqlstate, constraint, message)
+
+
+def _text(orig: BaseException | None) -> str:
+    return str(orig).strip() if orig is not None else ""
 
 
 @contextmanager
@@ -116,6 +192,8 @@ def translated() -> Iterator[None]:
     Covers what the flow does not execute itself too: BEGIN/COMMIT of the Engine form,
     SAVEPOINT/RELEASE/ROLLBACK TO, and SQLAlchemy's own refusals on a connection that died
     midway (``PendingRollbackError``, ``ResourceClosedError``), which carry no SQLSTATE.
+    ``OSError`` is a socket failing under a driver that does not wrap it (pg8000 lets a
+    reset connection's first read through): the only I/O in the flow is the connection.
     """
     try:
         yield
@@ -123,3 +201,5 @@ def translated() -> Iterator[None]:
         raise translate_db_error(exc) from exc
     except sqlalchemy.exc.SQLAlchemyError as exc:
         raise DatabaseError(str(exc).strip()) from exc
+    except OSError as exc:
+        raise connection_lost(exc) from exc

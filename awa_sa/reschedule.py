@@ -42,6 +42,7 @@ from sqlalchemy import Connection, Engine, Row
 
 from awa_sa import statements
 from awa_sa.compiled import execute
+from awa_sa.drivers import check_dialect
 from awa_sa.errors import DatabaseError, UniqueConflict, ValidationError, translated
 from awa_sa.kinds import (
     Attempt,
@@ -154,6 +155,7 @@ def check_bind(bind: object) -> None:
             f"bind must be a sqlalchemy Engine or Connection, got {type(bind).__name__}"
             " (use awa_sa.asyncio for AsyncEngine/AsyncConnection)"
         )
+    check_dialect(bind.dialect, is_async=False)
 
 
 def reschedule_canonical_attempt(
@@ -228,7 +230,8 @@ def run_all(conn: Connection, calls: Sequence[Call]) -> list[Outcome]:
         with translated():  # the statements, savepoints, and a connection that died midway
             if getattr(conn.connection.dbapi_connection, "autocommit", False):
                 # Each statement would commit alone: the routing lock would be gone before the
-                # write, and the savepoints would protect nothing.
+                # write, and the savepoints would protect nothing. Every supported driver's
+                # connection (or SQLAlchemy's async adapter of it) reports the mode this way.
                 raise ValidationError(
                     "bind is in AUTOCOMMIT mode; the reschedule needs a transaction"
                 )

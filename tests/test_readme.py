@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-EXAMPLE_URL = '"postgresql+psycopg://awa@db.internal/awa"'
+EXAMPLE_URL = re.compile(r'"postgresql\+(psycopg|asyncpg)://awa@db\.internal/awa"')
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
 SHELL = re.findall(r"```sh\n(.*?)```", README.read_text(), re.S)
 
@@ -39,16 +39,19 @@ def test_readme_starts_with_two_commands() -> None:
     assert SHELL[0].splitlines() == ["./dev demo", "./dev test"]
 
 
-def test_readme_has_every_usage_form() -> None:
-    assert len(BLOCKS) >= 4
-    assert any("create_async_engine" in code for code in BLOCKS)
-    assert any("reschedule_canonical_attempts(" in code for code in BLOCKS)
+def test_readme_has_the_usage_forms() -> None:
+    assert len(BLOCKS) == 5
+    assert "create_async_engine" in BLOCKS[2]
+    assert "postgresql+asyncpg://" in BLOCKS[3]
+    assert "reschedule_canonical_attempts(" in BLOCKS[4]
 
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
 def test_readme_example_runs(engine: sa.Engine, db_url: str, index: int) -> None:
     code = BLOCKS[index]
-    assert EXAMPLE_URL in code
+    found = EXAMPLE_URL.search(code)
+    assert found is not None
+    url = sa.make_url(db_url).set(drivername=f"postgresql+{found.group(1)}")
     with engine.begin() as conn:
         conn.exec_driver_sql("CREATE TABLE audit (job_id bigint, what text)")
     job_id, run_lease = claimed(engine)
@@ -59,7 +62,8 @@ def test_readme_example_runs(engine: sa.Engine, db_url: str, index: int) -> None
         "next_job_id": next_job_id,
         "next_run_lease": next_run_lease,
     }
-    exec(compile(code.replace(EXAMPLE_URL, repr(db_url)), f"README-{index}", "exec"), namespace)
+    runnable = code.replace(found.group(0), repr(url.render_as_string(hide_password=False)))
+    exec(compile(runnable, f"README-{index}", "exec"), namespace)
     if "on_failure" in namespace:
 
         async def call() -> None:

@@ -15,10 +15,10 @@ Statements per path, inside the transaction, for a batch of any size:
   NULL, moves every matching row. A missing singleton skips the routing read in the same 2.
 * queue storage: the same 2, then under a savepoint the take/allocation of every row; the
   canonical move of the attempts it did not take (callback wiring, guard misses), if any; and
-  under savepoint a the claims (if any row claims) and the deferred rows. A lost claim rolls
-  savepoint a back and redoes it without that row (+3), which then takes the single-attempt
-  cancelled-duplicate path: ring read, 5 lane statements, clock, savepoint b with its claim and
-  the cancelled row (+ delta), or the last resort.
+  under the deferred-rows savepoint the claims (if any row claims) and the deferred rows. A lost
+  claim rolls that savepoint back and redoes it without that row (+3), which then takes the
+  single-attempt cancelled-duplicate path: ring read, 5 lane statements, clock, the
+  cancelled-row savepoint with its claim and the cancelled row (+ delta), or the last resort.
 
 Two rows of one batch that share a unique key make the order of claim releases and acquisitions
 matter (one by one, a row that still holds the key while running blocks an earlier item that
@@ -88,14 +88,6 @@ class Call:
 class _Trace:
     routing: str = "?"
     outcomes: list[str] = field(default_factory=list)
-
-
-class _Lost(Exception):
-    """Claims another job holds: roll savepoint a back and settle these rows another way."""
-
-    def __init__(self, rows: list[Row[Any]]) -> None:
-        super().__init__(f"{len(rows)} unique claims held by other jobs")
-        self.rows = rows
 
 
 def prepare(
@@ -199,6 +191,10 @@ def reschedule_canonical_attempts(
     ``awa.jobs_hot`` having statistics, as autovacuum keeps them: on a table bulk-loaded and
     never analysed, PostgreSQL can join items to rows in quadratic time.
 
+    A batch locks the ``awa.jobs_hot`` rows it takes in ascending id order, all in one
+    statement, so it cannot deadlock with another batch, or any locker of several rows that
+    also goes by ascending id.
+
     What differs from one by one: the dirty marks (``awa.admin_dirty_*_marks``) are appended per
     statement, one per distinct queue and kind, so a batch appends fewer identical marks (the
     same set of queues and kinds, all with the same ``touched_at``, which is what maintenance
@@ -264,7 +260,7 @@ def _log(call: Call, routing: str, outcome: str) -> None:
     )
 
 
-def _binds(records: Sequence[Mapping[str, Any]]) -> tuple[bool, Mapping[str, Any]]:
+def _as_binds(records: Sequence[Mapping[str, Any]]) -> tuple[bool, Mapping[str, Any]]:
     """The statement shape for *records* (batch or not) and its binds.
 
     One record binds its scalars; more bind one array per name, one element per record.
@@ -274,8 +270,8 @@ def _binds(records: Sequence[Mapping[str, Any]]) -> tuple[bool, Mapping[str, Any
     return True, {name: [record[name] for record in records] for name in records[0]}
 
 
-def _items(calls: Sequence[Call]) -> tuple[bool, Mapping[str, Any]]:
-    return _binds([call.params for call in calls])
+def _attempts_as_binds(calls: Sequence[Call]) -> tuple[bool, Mapping[str, Any]]:
+    return _as_binds([call.params for call in calls])
 
 
 def _flow(conn: Connection, calls: Sequence[Call], trace: _Trace) -> list[Outcome]:
@@ -283,9 +279,9 @@ def _flow(conn: Connection, calls: Sequence[Call], trace: _Trace) -> list[Outcom
         trace.routing = "canonical (no transition singleton)"
         return _canonical(conn, calls)
     trace.routing = "canonical"  # the next statement writes, and so can fail, only then
-    batch, items = _items(calls)
-    rows = execute(conn, statements.canonical_move(True, batch), items).all()
-    schema: str | None = rows[0].s
+    batch, items = _attempts_as_binds(calls)
+    rows = execute(conn, statements.canonical_move(routed=True, batch=batch), items).all()
+    schema: str | None = rows[0].routing_schema
     if schema is None:
         return _rescheduled(conn, calls, rows)
     trace.routing = schema
@@ -297,8 +293,8 @@ def _flow(conn: Connection, calls: Sequence[Call], trace: _Trace) -> list[Outcom
 
 
 def _canonical(conn: Connection, calls: Sequence[Call]) -> list[Outcome]:
-    batch, items = _items(calls)
-    rows = execute(conn, statements.canonical_move(False, batch), items).all()
+    batch, items = _attempts_as_binds(calls)
+    rows = execute(conn, statements.canonical_move(routed=False, batch=batch), items).all()
     return _rescheduled(conn, calls, rows)
 
 
@@ -317,8 +313,8 @@ def _rescheduled(conn: Connection, calls: Sequence[Call], rows: Sequence[Any]) -
 
 
 def _queue_storage(conn: Connection, calls: Sequence[Call], schema: str) -> list[Outcome]:
-    batch, items = _items(calls)
-    rows = execute(conn, statements.take_and_allocate(batch), items, schema).all()
+    batch, items = _attempts_as_binds(calls)
+    rows = execute(conn, statements.take_and_allocate(batch=batch), items, schema).all()
     if rows[0].shared_key:
         return [_queue_storage(conn, [call], schema)[0] for call in calls]
     taken = [row for row in rows if row.ord is not None]
@@ -347,37 +343,58 @@ def _queue_storage(conn: Connection, calls: Sequence[Call], schema: str) -> list
 def _defer(
     conn: Connection, taken: list[Row[Any]], schema: str
 ) -> tuple[list[Row[Any]], list[Row[Any]]]:
-    """Savepoint a: the successors' claims, then their deferred rows. Returns (written, lost).
+    """Write the successors as deferred rows. Returns (written, lost to a newer claim holder).
 
-    A lost claim leaves PostgreSQL's lock on the holder's claim row, which only rolling the
-    savepoint back releases; the rest are then claimed and written again without it. Any other
-    unique violation cannot be pinned on a row, so each row is then tried alone, in order.
+    Rows whose claims other jobs hold are dropped and the rest written again; a unique
+    violation that no claim explains cannot be pinned on a row, so each row is then tried
+    alone, in order, and one that still fails is lost.
     """
     pending, lost = taken, list[Row[Any]]()
     while pending:
-        try:
-            # Translated inside the try, so that a unique violation is caught as one.
-            with translated(), conn.begin_nested():
-                claiming = [r for r in pending if _claims(r.unique_key, r.unique_states, r.state)]
-                missing = _unacquired(conn, claiming)
-                if missing:
-                    raise _Lost(missing)
-                batch, successors = _binds([_successor(row) for row in pending])
-                execute(conn, statements.insert_deferred(batch), successors, schema)
+        held = _claim_and_insert(conn, pending, schema)
+        if held is None and len(pending) > 1:
+            written, alone_lost = _defer_each(conn, pending, schema)
+            return written, lost + alone_lost
+        if held is None:
+            return [], lost + pending
+        if not held:
             return pending, lost
-        except _Lost as exc:
-            lost += exc.rows
-            pending = [row for row in pending if row not in exc.rows]
-        except UniqueConflict:
-            if len(pending) == 1:
-                return [], [*lost, *pending]
-            written = []
-            for row in pending:
-                alone_written, alone_lost = _defer(conn, [row], schema)
-                written += alone_written
-                lost += alone_lost
-            return written, lost
+        lost += held
+        pending = [row for row in pending if row not in held]
     return [], lost
+
+
+def _defer_each(
+    conn: Connection, rows: list[Row[Any]], schema: str
+) -> tuple[list[Row[Any]], list[Row[Any]]]:
+    """Each row alone under its own savepoint, in order. Returns (written, lost)."""
+    written, lost = list[Row[Any]](), list[Row[Any]]()
+    for row in rows:
+        (written if _claim_and_insert(conn, [row], schema) == [] else lost).append(row)
+    return written, lost
+
+
+def _claim_and_insert(conn: Connection, rows: list[Row[Any]], schema: str) -> list[Row[Any]] | None:
+    """Claim the rows' keys, then insert them, under the savepoint that keeps either undoable.
+
+    Returns ``[]`` when written, else nothing is written and the result says why: the rows whose
+    claims other jobs hold, or None for a unique violation no claim explains. A lost claim
+    leaves PostgreSQL's lock on the holder's claim row, which only rolling the savepoint back
+    releases.
+    """
+    try:
+        # Translated inside the try, so that a unique violation is caught as one.
+        with translated(), conn.begin_nested() as deferred_rows_savepoint:
+            claiming = [r for r in rows if _claims(r.unique_key, r.unique_states, r.state)]
+            held = _unacquired(conn, claiming)
+            if held:
+                deferred_rows_savepoint.rollback()
+            else:
+                batch, successors = _as_binds([_successor(row) for row in rows])
+                execute(conn, statements.insert_deferred(batch=batch), successors, schema)
+    except UniqueConflict:
+        return None
+    return held
 
 
 def _successor(row: Row[Any]) -> dict[str, Any]:
@@ -392,8 +409,8 @@ def _cancel_duplicate(conn: Connection, take: Row[Any], schema: str) -> Outcome:
     key = {"b_lane_key": f"{schema}:{take.queue}:{take.priority}:0"}
     execute(conn, statements.lane_lock(), key)
     execute(conn, statements.ensure_lane_row(), lane, schema)
-    execute(conn, statements.ensure_lane_head("enqueue"), lane, schema)
-    execute(conn, statements.ensure_lane_head("claim"), lane, schema)
+    execute(conn, statements.ensure_lane_head(table="enqueue"), lane, schema)
+    execute(conn, statements.ensure_lane_head(table="claim"), lane, schema)
     execute(conn, statements.ensure_lane_sequences(), lane, schema)
     finalized_at = execute(conn, statements.clock()).scalar_one()
     lifecycle = {
@@ -409,20 +426,31 @@ def _cancel_duplicate(conn: Connection, take: Row[Any], schema: str) -> Outcome:
         "b_finalized_at": finalized_at,
         "b_lifecycle_error": json.dumps(lifecycle),
     }
-    try:
-        with translated(), conn.begin_nested():  # savepoint b
-            if _claims(take.unique_key, take.unique_states, "cancelled") and _unacquired(
-                conn, [take]
-            ):
-                raise UniqueConflict(
-                    statements.CLAIM_CONSTRAINT, "unique claim held by another job"
-                )
-            execute(conn, statements.insert_cancelled(), row, schema)
-    except UniqueConflict:
+    if not _claim_and_insert_cancelled(conn, take, row, schema):
         # Last resort: the newer holder keeps the key; the record keeps everything else.
         stripped = {**row, "b_unique_key": None, "b_unique_states": None}
         execute(conn, statements.insert_cancelled(), stripped, schema)
     return CancelledDuplicate(take.job_id)
+
+
+def _claim_and_insert_cancelled(
+    conn: Connection, take: Row[Any], row: Mapping[str, Any], schema: str
+) -> bool:
+    """Claim the key (if the cancelled state claims it), then insert the cancelled row.
+
+    Under its own savepoint: False, with nothing written, when another job holds the key.
+    """
+    claims = _claims(take.unique_key, take.unique_states, "cancelled")
+    try:
+        # Translated inside the try, so that a unique violation is caught as one.
+        with translated(), conn.begin_nested() as cancelled_row_savepoint:
+            if claims and _unacquired(conn, [take]):
+                cancelled_row_savepoint.rollback()
+                return False
+            execute(conn, statements.insert_cancelled(), row, schema)
+    except UniqueConflict:
+        return False
+    return True
 
 
 def _claims(unique_key: bytes | None, unique_states: str | None, state: str) -> bool:
@@ -437,8 +465,8 @@ def _unacquired(conn: Connection, rows: Sequence[Row[Any]]) -> list[Row[Any]]:
     """Claim ``(unique_key, job_id)`` for each row; the rows whose key another job holds."""
     if not rows:
         return []
-    batch, params = _binds([{"b_unique_key": r.unique_key, "b_job_id": r.job_id} for r in rows])
-    acquired = set(execute(conn, statements.claim_unique_keys(batch), params).scalars())
+    batch, params = _as_binds([{"b_unique_key": r.unique_key, "b_job_id": r.job_id} for r in rows])
+    acquired = set(execute(conn, statements.claim_unique_keys(batch=batch), params).scalars())
     return [row for row in rows if row.job_id not in acquired]
 
 

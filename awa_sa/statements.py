@@ -3,6 +3,8 @@
 Every builder is memoised, so one statement object per shape exists for the life of the process
 and :mod:`awa_sa.compiled` compiles each once; values travel only as bind parameters, and the
 queue-storage schema only through ``schema_translate_map`` (see :mod:`awa_sa.queue_storage`).
+Builders take keyword arguments only, and each is registered where it is defined, so
+:func:`all_builders` -- what ``awa-sa sql`` lists and the tests compile -- cannot miss one.
 
 The statements that move, claim or write rows work on a batch, so there is one statement per
 step whatever the batch size, and the kind is a per-row value (``tag``), not part of the shape.
@@ -24,9 +26,11 @@ its VALUES/SET parameter in ``insert()``/``update()``.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
-from functools import cache, partial, reduce
-from typing import Any, Literal
+from functools import partial, reduce, wraps
+from itertools import product
+from typing import Any, Literal, ParamSpec, TypeVar, get_args, get_origin, get_type_hints
 
 from sqlalchemy import (
     CTE,
@@ -38,6 +42,7 @@ from sqlalchemy import (
     Select,
     SmallInteger,
     Text,
+    and_,
     bindparam,
     case,
     cast,
@@ -72,9 +77,6 @@ KindTag = Literal["snooze", "retry_after", "retry_backoff"]
 ITEM_PARAMS = ("guard_id", "guard_lease", "b_tag", "b_delay", "b_error", "b_progress")
 """The per-attempt bind arrays of the moving statements, in unnest order."""
 
-CLAIM_CONSTRAINT = "idx_awa_jobs_unique"
-"""The arbiter index of ``awa.job_unique_claims``, and the name Awa reports on a conflict."""
-
 LIFECYCLE_DUPLICATE = "rescheduled as duplicate: unique claim held by a newer job"
 
 _EMPTY_OBJECT = cast(literal_column("'{}'"), JSONB)
@@ -102,6 +104,35 @@ def _concat(*parts: ColumnElement[Any]) -> ColumnElement[Any]:
         return a.op("||", return_type=JSONB)(b)
 
     return reduce(op, parts)
+
+
+_P = ParamSpec("_P")
+_S = TypeVar("_S")
+
+_BUILDERS: list[Callable[..., Any]] = []
+"""Every statement builder, in definition order: ``@_statement`` adds it, ``all_builders`` reads."""
+
+
+def _statement(builder: Callable[_P, _S]) -> Callable[_P, _S]:
+    """Register *builder* and memoise it on its keyword arguments, in whatever order named.
+
+    ``functools.cache`` keys on the order too, so ``f(a=1, b=2)`` and ``f(b=2, a=1)`` would be
+    two statement objects, each compiled once more.
+    """
+    built: dict[frozenset[tuple[str, object]], _S] = {}
+
+    @wraps(builder)
+    def memoised(*args: _P.args, **kwargs: _P.kwargs) -> _S:
+        if args:
+            raise TypeError(f"{builder.__name__}() takes keyword arguments only")
+        key = frozenset(kwargs.items())
+        found = built.get(key)
+        if found is None:
+            found = built[key] = builder(*args, **kwargs)
+        return found
+
+    _BUILDERS.append(memoised)
+    return memoised
 
 
 # --- the batch: one row per attempt, the first of each (job_id, lease) kept -----------------
@@ -181,20 +212,70 @@ def _shared_key(firsts: CTE, batch: bool) -> ColumnElement[bool]:
     return exists(shared)
 
 
-def _take(firsts: CTE, head: CTE, *conditions: ColumnElement[bool]) -> CTE:
-    """DELETE the guarded rows (none when ``head.shared_key``), returning them with their item."""
+_ITEM_COLUMNS = ("ord", "tag", "delay", "error", "new_progress")
+"""What a taken row carries from its item, besides the ``jobs_hot`` columns."""
+
+
+def _take(
+    firsts: CTE,
+    head: CTE,
+    *,
+    batch: bool,
+    routed_here: Sequence[ColumnElement[bool]] = (),
+    eligible: Sequence[ColumnElement[bool]] = (),
+) -> CTE:
+    """DELETE the guarded rows, returning each with its item; none when ``head.shared_key``.
+
+    *routed_here* says whether this statement's branch applies at all; *eligible* picks the
+    rows this statement takes among those it may lock. A batch first locks every guarded row
+    its branch may touch, in id order (:func:`_lock_in_id_order`), eligible or not: the rows
+    left to a later statement of the same call (callback wiring, a shared key) are then locked
+    already, and the call takes all its row locks in that one order. A single call has one
+    row, whose lock needs no order.
+    """
+    unshared = ~_scalar(head, "shared_key")
+    if not batch:
+        return (
+            delete(jobs_hot)
+            .where(*_guard(jobs_hot, firsts), *routed_here, *eligible, unshared)
+            .returning(*jobs_hot.c, *(firsts.c[name] for name in _ITEM_COLUMNS))
+            .cte("taken")
+        )
+    locked = _lock_in_id_order(firsts, routed_here, and_(*eligible, unshared))
     return (
         delete(jobs_hot)
-        .where(*_guard(jobs_hot, firsts), *conditions, ~_scalar(head, "shared_key"))
-        .returning(
-            *jobs_hot.c,
-            firsts.c.ord,
-            firsts.c.tag,
-            firsts.c.delay,
-            firsts.c.error,
-            firsts.c.new_progress,
-        )
+        .where(jobs_hot.c.id == locked.c.id, locked.c.take)
+        .returning(*jobs_hot.c, *(locked.c[name] for name in _ITEM_COLUMNS))
         .cte("taken")
+    )
+
+
+def _lock_in_id_order(
+    firsts: CTE, routed_here: Sequence[ColumnElement[bool]], take: ColumnElement[bool]
+) -> CTE:
+    """``SELECT ... ORDER BY id FOR UPDATE``: the guarded rows, locked lowest id first.
+
+    A DELETE locks rows in whatever order its plan visits them, so two multi-row lockers could
+    each hold a row the other waits for. PostgreSQL locks a ``FOR UPDATE`` query's rows as they
+    leave its sort, so this order is the statement's own, whatever the plan, and a batch cannot
+    deadlock with another locker that also goes by ascending id. A row changed while we waited
+    is checked against the guard again before it is locked, as the DELETE alone would do.
+
+    Whether the DELETE takes a row is the column ``take``, not a condition of the DELETE: a
+    condition that does not depend on the row (the shared key) becomes a gate in front of the
+    DELETE's join, and then nothing reads this CTE and nothing is locked.
+    """
+    return (
+        select(
+            jobs_hot.c.id,
+            *(firsts.c[name] for name in _ITEM_COLUMNS),
+            take.label("take"),
+        )
+        .where(*_guard(jobs_hot, firsts), *routed_here)
+        .order_by(jobs_hot.c.id)
+        .with_for_update(of=jobs_hot)
+        .cte("locked")
+        .prefix_with("MATERIALIZED")
     )
 
 
@@ -214,11 +295,13 @@ def _successor_state(taken: CTE) -> ColumnElement[Any]:
 
 
 def _successor_attempt(taken: CTE) -> ColumnElement[Any]:
-    # The snoozed attempt does not count.
-    return case(
-        (_is(taken, "snooze"), cast(taken.c.attempt - literal_column("1"), SmallInteger)),
-        else_=taken.c.attempt,
-    )
+    """The snoozed attempt does not count: one less, but never below smallint's floor.
+
+    Awa takes one off with a saturating subtraction, so -32768 stays -32768 where ``attempt
+    - 1`` would leave smallint (22003).
+    """
+    one_less = func.greatest(taken.c.attempt - literal_column("1"), literal_column("-32768"))
+    return case((_is(taken, "snooze"), cast(one_less, SmallInteger)), else_=taken.c.attempt)
 
 
 def _finalized_at(taken: CTE, snoozed: ColumnElement[Any]) -> ColumnElement[Any]:
@@ -273,7 +356,7 @@ def _errors_after(taken: CTE) -> ColumnElement[Any]:
 # --- routing ------------------------------------------------------------------------------
 
 
-@cache
+@_statement
 def routing_lock() -> Select[Any]:
     """Statement 1: share-lock the transition singleton; no row means canonical routing.
 
@@ -288,31 +371,26 @@ def routing_lock() -> Select[Any]:
     )
 
 
-@cache
-def canonical_move(routed: bool, batch: bool) -> Select[Any]:
-    """Statement 2: read routing afresh and, only if it is NULL, move the rows (spec §3.3, §4).
+def _head(*columns: ColumnElement[Any]) -> CTE:
+    """The first result row: read once, before anything is taken, whatever the plan."""
+    return select(*columns).cte("head").prefix_with("MATERIALIZED")
 
-    One round trip after the lock, whatever the batch size. The routing read is a new
-    statement, so under READ COMMITTED its snapshot postdates the lock and cannot miss a
-    transition that committed while we waited. The move is the spec's DELETE...INSERT CTE: same
-    id, each successor built only from its deleted row and its own item.
 
-    Always returns a first row ``(s, shared_key, ...)``: ``s`` is the routing schema (non-NULL
-    means nothing was touched; always NULL when not ``routed``, for the missing singleton and
-    the queue-storage fall-through), ``shared_key`` true means nothing was touched either (see
-    ``_shared_key``). Then one row per moved job ``(id, run_lease, run_at, attempt)``, which
-    ``(id, run_lease)`` maps back to the first item asking for it; the first row carries NULLs
-    there when nothing moved.
-    """
-    firsts = _firsts(batch)
-    routing = func.awa.active_queue_storage_schema(type_=Text) if routed else cast(null(), Text)
-    head = (
-        select(routing.label("s"), _shared_key(firsts, batch).label("shared_key"))
-        .cte("head")
-        .prefix_with("MATERIALIZED")
-    )
-    taken = _take(firsts, head, _scalar(head, "s").is_(None))
-    successor: dict[str, ColumnElement[Any]] = {
+def _head_then(head: CTE, rows: Any, *columns: Any) -> Select[Any]:
+    """The head row joined to *rows*: one row even when *rows* is empty, NULLs then."""
+    return select(*head.c, *columns).select_from(head.outerjoin(rows, true()))
+
+
+def _routing_read(routed: bool) -> ColumnElement[Any]:
+    """The queue-storage schema routing points at, read by this statement; NULL unrouted."""
+    if routed:
+        return func.awa.active_queue_storage_schema(type_=Text)
+    return cast(null(), Text)
+
+
+def _scheduled_successor(taken: CTE) -> list[ColumnElement[Any]]:
+    """The successor row, column for column in ``scheduled_jobs`` order, same id."""
+    changed: dict[str, ColumnElement[Any]] = {
         "state": _successor_state(taken),
         "attempt": _successor_attempt(taken),
         "run_at": _run_at(taken),
@@ -322,22 +400,50 @@ def canonical_move(routed: bool, batch: bool) -> Select[Any]:
         "errors": _errors_after(taken),
         "progress": cast(taken.c.new_progress, JSONB),
     }
-    columns = [c.name for c in scheduled_jobs.c]
+    return [changed.get(c.name, taken.c[c.name]) for c in scheduled_jobs.c]
+
+
+def _insert_scheduled(taken: CTE) -> CTE:
+    """INSERT the successors into ``scheduled_jobs``, returning what the outcome reports."""
     target = scheduled_jobs.c
-    moved = (
+    return (
         insert(scheduled_jobs)
-        .from_select(columns, select(*(successor.get(n, taken.c[n]) for n in columns)))
+        .from_select([c.name for c in target], select(*_scheduled_successor(taken)))
         .returning(target.id, target.run_lease, target.run_at, target.attempt)
         .cte("moved")
     )
-    return select(
-        head.c.s,
-        head.c.shared_key,
+
+
+@_statement
+def canonical_move(*, routed: bool, batch: bool) -> Select[Any]:
+    """Statement 2: read routing afresh and, only if it is NULL, move the rows (spec §3.3, §4).
+
+    One round trip after the lock, whatever the batch size. The routing read is a new
+    statement, so under READ COMMITTED its snapshot postdates the lock and cannot miss a
+    transition that committed while we waited. The move is the spec's DELETE...INSERT CTE: same
+    id, each successor built only from its deleted row and its own item.
+
+    Always returns a first row ``(routing_schema, shared_key, ...)``: a non-NULL
+    ``routing_schema`` means nothing was touched (always NULL when not ``routed``, for the
+    missing singleton and the queue-storage fall-through); ``shared_key`` true means nothing was
+    touched either (see ``_shared_key``). Then one row per moved job ``(id, run_lease, run_at,
+    attempt)``, which ``(id, run_lease)`` maps back to the first item asking for it; the first
+    row carries NULLs there when nothing moved.
+    """
+    firsts = _firsts(batch)
+    routing_schema = _routing_read(routed).label("routing_schema")
+    head = _head(routing_schema, _shared_key(firsts, batch).label("shared_key"))
+    routed_here = _scalar(head, "routing_schema").is_(None)
+    taken = _take(firsts, head, batch=batch, routed_here=[routed_here])
+    moved = _insert_scheduled(taken)
+    return _head_then(
+        head,
+        moved,
         moved.c.id,
         moved.c.run_lease,
         _representable(moved.c.run_at).label("run_at"),
         moved.c.attempt,
-    ).select_from(head.outerjoin(moved, true()))
+    )
 
 
 # --- queue-storage branch -----------------------------------------------------------------
@@ -361,8 +467,63 @@ def _payload(taken: CTE) -> ColumnElement[Any]:
     return func.nullif(composed, _EMPTY_OBJECT, type_=JSONB)
 
 
-@cache
-def take_and_allocate(batch: bool) -> Select[Any]:
+def _callbacks_unwired() -> list[ColumnElement[bool]]:
+    """A row waiting on a callback stays canonical: the canonical move takes it instead."""
+    return [jobs_hot.c[name].is_(None) for name in CALLBACK_COLUMNS]
+
+
+def _timed(taken: CTE) -> CTE:
+    """The taken rows with their new run_at, in a CTE so the volatile backoff runs once a row."""
+    return select(taken, _run_at(taken).label("new_run_at")).cte("timed")
+
+
+def _fresh_id(metadata_type: ColumnElement[Any]) -> ColumnElement[Any]:
+    """``nextval`` of the schema's sequence, only for a row whose metadata is a JSON object.
+
+    Any other row is refused right after (queue_storage.md §4), and should not burn an id.
+    """
+    new_id = cast(qs.job_id_seq.next_value(), BigInteger)
+    return case((metadata_type == literal_column("'object'"), new_id))
+
+
+def _allocated_successors(timed: CTE) -> Any:
+    """One row per taken job, named like the ``deferred_jobs`` columns, in the caller's order.
+
+    JSON and timestamps travel as text (see the module docstring); ``ord`` and
+    ``metadata_type`` tell the flow which item each row answers and why it has no id.
+    """
+    metadata_type = func.jsonb_typeof(timed.c.metadata, type_=Text)
+    finalized_at = _finalized_at(timed, cast(null(), Timestamp))
+    return (
+        select(
+            # run_at first: PostgreSQL evaluates the list in order, so an out-of-range run_at
+            # (22008) fails before nextval and burns no id.
+            _representable(timed.c.new_run_at).label("run_at"),
+            _fresh_id(metadata_type).label("job_id"),
+            timed.c.kind,
+            timed.c.queue,
+            cast(timed.c.args, Text).label("args"),
+            cast(_successor_state(timed), Text).label("state"),
+            timed.c.priority,
+            _successor_attempt(timed).label("attempt"),
+            timed.c.run_lease,
+            timed.c.max_attempts,
+            cast(timed.c.attempted_at, Text).label("attempted_at"),
+            cast(finalized_at, Text).label("finalized_at"),
+            cast(timed.c.created_at, Text).label("created_at"),
+            timed.c.unique_key,
+            cast(timed.c.unique_states, Text).label("unique_states"),
+            cast(_payload(timed), Text).label("payload"),
+            metadata_type.label("metadata_type"),
+            timed.c.ord,
+        )
+        .order_by(timed.c.ord)
+        .subquery("successor")
+    )
+
+
+@_statement
+def take_and_allocate(*, batch: bool) -> Select[Any]:
     """Take the canonical rows (spec §5.1) and allocate their successors (§5.3), one statement.
 
     The spec's two statements merged: ``nextval`` sits in the select list over the deleted rows,
@@ -377,43 +538,10 @@ def take_and_allocate(batch: bool) -> Select[Any]:
     without a row (callback wiring, a guard miss) falls through to the canonical move.
     """
     firsts = _firsts(batch)
-    head = (
-        select(_shared_key(firsts, batch).label("shared_key"))
-        .cte("head")
-        .prefix_with("MATERIALIZED")
-    )
-    taken = _take(firsts, head, *(jobs_hot.c[n].is_(None) for n in CALLBACK_COLUMNS))
-    # A CTE, so the volatile backoff is evaluated once however often run_at is referenced.
-    row = select(taken, _run_at(taken).label("new_run_at")).cte("timed")
-    metadata_type = func.jsonb_typeof(row.c.metadata, type_=Text)
-    new_id = cast(qs.job_id_seq.next_value(), BigInteger)
-    # run_at first: PostgreSQL evaluates the list in order, so an out-of-range run_at (22008)
-    # fails before nextval and burns no id.
-    successors = (
-        select(
-            _representable(row.c.new_run_at).label("run_at"),
-            case((metadata_type == literal_column("'object'"), new_id)).label("job_id"),
-            row.c.kind,
-            row.c.queue,
-            cast(row.c.args, Text).label("args"),
-            cast(_successor_state(row), Text).label("state"),
-            row.c.priority,
-            _successor_attempt(row).label("attempt"),
-            row.c.run_lease,
-            row.c.max_attempts,
-            cast(row.c.attempted_at, Text).label("attempted_at"),
-            cast(_finalized_at(row, cast(null(), Timestamp)), Text).label("finalized_at"),
-            cast(row.c.created_at, Text).label("created_at"),
-            row.c.unique_key,
-            cast(row.c.unique_states, Text).label("unique_states"),
-            cast(_payload(row), Text).label("payload"),
-            metadata_type.label("metadata_type"),
-            row.c.ord,
-        )
-        .order_by(row.c.ord)
-        .subquery("successor")
-    )
-    return select(head.c.shared_key, successors).select_from(head.outerjoin(successors, true()))
+    head = _head(_shared_key(firsts, batch).label("shared_key"))
+    taken = _take(firsts, head, batch=batch, eligible=_callbacks_unwired())
+    successors = _allocated_successors(_timed(taken))
+    return _head_then(head, successors, successors)
 
 
 SUCCESSOR_FIELDS = tuple(c.name for c in qs.deferred_jobs.c)
@@ -444,8 +572,8 @@ def _value(column: Any) -> ColumnElement[Any]:
     return cast(bindparam(f"b_{column.name}", type_=column.type), column.type)
 
 
-@cache
-def insert_deferred(batch: bool) -> Insert:
+@_statement
+def insert_deferred(*, batch: bool) -> Insert:
     """The successors as deferred jobs: all 16 columns explicit (queue_storage.md §3).
 
     ``b_<column>`` scalars for one row, or arrays with one element per row for a batch.
@@ -458,8 +586,8 @@ def insert_deferred(batch: bool) -> Insert:
     return insert(table).from_select([c.name for c in table.c], values)
 
 
-@cache
-def claim_unique_keys(batch: bool) -> Insert:
+@_statement
+def claim_unique_keys(*, batch: bool) -> Insert:
     """Acquire each ``(key, job)`` unless another job id holds the key (queue_storage.md §5.2).
 
     On conflict a row is "updated" to itself only when it already names this job, so the
@@ -478,14 +606,14 @@ def claim_unique_keys(batch: bool) -> Insert:
     ).returning(job_unique_claims.c.job_id)
 
 
-@cache
+@_statement
 def ring_cursor() -> Select[Any]:
     """The v040 ring cursor: a plain read, no lock, exactly as Awa 0.6 (queue_storage.md §6.1)."""
     ring = qs.queue_ring_state
     return select(ring.c.current_slot, ring.c.generation).where(ring.c.singleton)
 
 
-@cache
+@_statement
 def lane_lock() -> Select[Any]:
     """Lane step 1: serialise lane creation on ``hashtextextended('S:queue:priority:0', 0)``."""
     key = bindparam("b_lane_key", type_=Text)
@@ -499,7 +627,7 @@ def _lane_values() -> dict[str, ColumnElement[Any]]:
     }
 
 
-@cache
+@_statement
 def ensure_lane_row() -> Insert:
     """Lane step 2: ``S.queue_lanes``; the head rows below need it for nothing but parity."""
     return (
@@ -510,8 +638,8 @@ def ensure_lane_row() -> Insert:
     )
 
 
-@cache
-def ensure_lane_head(table: Literal["enqueue", "claim"]) -> Insert:
+@_statement
+def ensure_lane_head(*, table: Literal["enqueue", "claim"]) -> Insert:
     """Lane steps 3/4: the head row of shard 0; its BEFORE INSERT trigger creates the sequence.
 
     The trigger fires even when ON CONFLICT then skips the row; it only moves sequences forward.
@@ -525,37 +653,36 @@ def ensure_lane_head(table: Literal["enqueue", "claim"]) -> Insert:
     )
 
 
-@cache
+@_statement
 def ensure_lane_sequences() -> Select[Any]:
     """Lane step 5: ``S.ensure_lane_sequences(queue, priority::smallint, 0::smallint)``."""
     values = _lane_values()
     return select(qs.ensure_lane_sequences(values["queue"], values["priority"], _SHARD0))
 
 
-@cache
+@_statement
 def clock() -> Select[Any]:
     """The wall clock after lane ensuring: the cancelled row's ``finalized_at`` (§6.1.4)."""
     return select(cast(func.clock_timestamp(), Text))
 
 
-@cache
-def insert_cancelled() -> Select[Any]:
-    """The cancelled terminal row and its ``+1`` terminal-count delta, in one statement.
-
-    The spec's two inserts (queue_storage.md §6.4, §6.5) as one data-modifying CTE: the delta is
-    built from the row actually inserted, and both still sit inside savepoint b. The payload is
-    the deferred payload with the lifecycle error appended, composed in SQL. The last-resort
-    insert is this statement with ``b_unique_key``/``b_unique_states`` bound to NULL. One row
-    per call: a cancelled duplicate is the per-attempt fallback of a batch.
-    """
-    done = qs.done_entries
+def _payload_with_lifecycle_error() -> ColumnElement[Any]:
+    """``b_payload`` (NULL meaning empty) with ``b_lifecycle_error`` appended to its errors."""
     payload = _jsonb_param("b_payload")
-    lifecycle = _jsonb_param("b_lifecycle_error")
     previous = payload.op("->", return_type=JSONB)(literal_column("'errors'"))
     errors = _concat(
         func.coalesce(previous, _EMPTY_ARRAY),
-        func.jsonb_build_array(lifecycle, type_=JSONB),
+        func.jsonb_build_array(_jsonb_param("b_lifecycle_error"), type_=JSONB),
     )
+    return _concat(
+        func.coalesce(payload, _EMPTY_OBJECT),
+        func.jsonb_build_object(literal_column("'errors'"), errors, type_=JSONB),
+    )
+
+
+def _insert_done_entry() -> CTE:
+    """INSERT the cancelled ``done_entries`` row, returning its terminal-count key."""
+    done = qs.done_entries
     new_id = bindparam("b_job_id", type_=BigInteger)
     values: dict[str, ColumnElement[Any]] = {
         "ready_slot": bindparam("b_ready_slot", type_=done.c.ready_slot.type),
@@ -565,12 +692,9 @@ def insert_cancelled() -> Select[Any]:
         "enqueue_shard": _SHARD0,
         "run_at": bindparam("b_run_at", type_=Timestamp),
         "finalized_at": _text_param_as("b_finalized_at", Timestamp),
-        "payload": _concat(
-            func.coalesce(payload, _EMPTY_OBJECT),
-            func.jsonb_build_object(literal_column("'errors'"), errors, type_=JSONB),
-        ),
+        "payload": _payload_with_lifecycle_error(),
     }
-    row = (
+    return (
         insert(done)
         .values({c.name: values.get(c.name, _value(c)) for c in done.c})
         .returning(
@@ -583,55 +707,71 @@ def insert_cancelled() -> Select[Any]:
         )
         .cte("done")
     )
+
+
+_TERMINAL_BUCKETS: ColumnElement[Any] = literal_column("256")
+
+
+def _counter_bucket(job_id: ColumnElement[Any]) -> ColumnElement[Any]:
+    """``job_id`` modulo 256, Euclidean (ids are positive, but the bucket must never be)."""
+    n = _TERMINAL_BUCKETS
+    return cast(((job_id % n) + n) % n, SmallInteger)
+
+
+def _insert_terminal_delta(done: CTE) -> CTE:
+    """INSERT the ``+1`` terminal-count delta of the row *done* inserted."""
     deltas = qs.queue_terminal_count_deltas
-    n: ColumnElement[Any] = literal_column("256")
-    bucket = ((row.c.job_id % n) + n) % n  # Euclidean, though ids are positive
-    delta = (
+    key = ["ready_slot", "ready_generation", "queue", "priority", "enqueue_shard"]
+    return (
         insert(deltas)
         .from_select(
-            [
-                "ready_slot",
-                "ready_generation",
-                "queue",
-                "priority",
-                "enqueue_shard",
-                "counter_bucket",
-                "terminal_delta",
-            ],
+            [*key, "counter_bucket", "terminal_delta"],
             select(
-                row.c.ready_slot,
-                row.c.ready_generation,
-                row.c.queue,
-                row.c.priority,
-                row.c.enqueue_shard,
-                cast(bucket, SmallInteger),
+                *(done.c[name] for name in key),
+                _counter_bucket(done.c.job_id),
                 cast(literal_column("1"), BigInteger),
             ),
         )
         .returning(deltas.c.ready_slot)
         .cte("delta")
     )
-    return select(row.c.job_id).select_from(row.join(delta, true()))
 
 
-def all_builders() -> list[Callable[[], Any]]:
-    """Every distinct statement, as zero-argument callables: for compile and cache tests."""
-    return [
-        routing_lock,
-        *(
-            partial(canonical_move, routed, batch)
-            for routed in (True, False)
-            for batch in (True, False)
-        ),
-        *(partial(take_and_allocate, batch) for batch in (True, False)),
-        *(partial(insert_deferred, batch) for batch in (True, False)),
-        *(partial(claim_unique_keys, batch) for batch in (True, False)),
-        ring_cursor,
-        lane_lock,
-        ensure_lane_row,
-        partial(ensure_lane_head, "enqueue"),
-        partial(ensure_lane_head, "claim"),
-        ensure_lane_sequences,
-        clock,
-        insert_cancelled,
-    ]
+@_statement
+def insert_cancelled() -> Select[Any]:
+    """The cancelled terminal row and its ``+1`` terminal-count delta, in one statement.
+
+    The spec's two inserts (queue_storage.md §6.4, §6.5) as one data-modifying CTE: the delta is
+    built from the row actually inserted, and both still sit inside the cancelled-row savepoint.
+    The payload is the deferred payload with the lifecycle error appended, composed in SQL. The
+    last-resort insert is this statement with ``b_unique_key``/``b_unique_states`` bound to
+    NULL. One row per call: a cancelled duplicate is the per-attempt fallback of a batch.
+    """
+    done = _insert_done_entry()
+    delta = _insert_terminal_delta(done)
+    return select(done.c.job_id).select_from(done.join(delta, true()))
+
+
+def all_builders() -> list[partial[Any]]:
+    """Every distinct statement as a zero-argument call: what ``awa-sa sql`` lists and tests use.
+
+    Derived from the builders: each registered one, called with every value its ``bool`` and
+    ``Literal`` parameters allow, so a new builder or argument cannot be left out of either.
+    """
+    return [partial(builder, **args) for builder in _BUILDERS for args in _argument_sets(builder)]
+
+
+def _argument_sets(builder: Callable[..., Any]) -> list[dict[str, object]]:
+    func = inspect.unwrap(builder)
+    hints = get_type_hints(func)
+    names = list(inspect.signature(func).parameters)
+    choices = []
+    for name in names:
+        hint = hints.get(name)
+        if hint is bool:
+            choices.append((False, True))
+        elif get_origin(hint) is Literal:
+            choices.append(get_args(hint))
+        else:
+            raise TypeError(f"{func.__name__}: cannot enumerate parameter {name!r}")
+    return [dict(zip(names, values, strict=True)) for values in product(*choices)]

@@ -72,7 +72,9 @@ class Jobs:
 def floor_statements() -> tuple[Compiled, Compiled]:
     """The canonical reschedule's two statements, exactly as awa-sa compiles them."""
     lock = compile_statement(statements.routing_lock(), DIALECT, None)
-    return lock, compile_statement(statements.canonical_move(True, False), DIALECT, None)
+    return lock, compile_statement(
+        statements.canonical_move(routed=True, batch=False), DIALECT, None
+    )
 
 
 def move_params(job_id: int, lease: int) -> dict[str, Any]:

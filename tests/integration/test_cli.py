@@ -14,39 +14,14 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from command_line import assert_one_line_error, awa_sa_cmd, printed_blocks
 from conftest import Cluster, database_url
-from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 
 import awa_sa_schema
-from awa_sa import queue_storage as qs
-from awa_sa import statements
 from awa_sa.tables import jobs_hot, scheduled_jobs
-from awa_sa.tools.listing import compile_statement
 from awa_sa.tools.server import EmbeddedPostgres
 
 OUTCOMES = ("Rescheduled", "Migrated", "CancelledDuplicate", "Stale")
-
-
-def awa_sa_cmd(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-    return subprocess.run(
-        [sys.executable, "-m", "awa_sa", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env=env,
-    )
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess[str], *fragments: str) -> None:
-    assert proc.returncode != 0
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("Error: ")
-    for fragment in fragments:
-        assert fragment in lines[0]
 
 
 def demo_databases(pg: EmbeddedPostgres) -> list[str]:
@@ -116,19 +91,7 @@ def test_demo_unreachable_server() -> None:
     assert_one_line_error(proc, "Connection refused")
 
 
-# --- sql ------------------------------------------------------------------------------------
-
-
-def printed_blocks(output: str) -> list[tuple[str, str]]:
-    """(title, sql) for each block: a ``-- title`` line, comment lines, then the statement."""
-    blocks = []
-    for chunk in output.strip().split("\n\n"):
-        lines = chunk.splitlines()
-        assert lines[0].startswith("-- "), chunk
-        body = "\n".join(line for line in lines if not line.startswith("-- "))
-        assert body.endswith(";")
-        blocks.append((lines[0][3:], body[:-1]))
-    return blocks
+# --- sql (what needs no server is in tests/unit/test_listing.py) -----------------------------
 
 
 def as_prepare(sql: str, name: str) -> str:
@@ -139,44 +102,6 @@ def as_prepare(sql: str, name: str) -> str:
         return f"${numbers.setdefault(m.group(1), len(numbers) + 1)}"
 
     return f"PREPARE {name} AS " + re.sub(r"%\((\w+)\)s", number, sql)
-
-
-def expected_statements(schema: str) -> list[str]:
-    return [compile_statement(build(), schema) for build in statements.all_builders()]
-
-
-def test_sql_lists_every_builder_exactly_as_compiled() -> None:
-    proc = awa_sa_cmd("sql", "--schema", "awa_qs")
-    assert proc.returncode == 0, proc.stderr
-    printed = [sql for _, sql in printed_blocks(proc.stdout)]
-    expected = expected_statements("awa_qs")
-    assert sorted(printed) == sorted(expected)
-    # The schema is rendered, never the placeholder; bind parameters keep their names.
-    assert qs.QS_PLACEHOLDER not in proc.stdout
-    assert "awa_qs.deferred_jobs" in proc.stdout
-    assert "%(guard_id)s" in proc.stdout
-    # And it is the same text as compiling the builder by hand with the translate map.
-    lock = str(
-        statements.routing_lock().compile(
-            dialect=PGDialect_psycopg(),
-            schema_translate_map={qs.QS_PLACEHOLDER: "awa_qs"},
-            render_schema_translate=True,
-        )
-    )
-    assert lock in printed
-
-
-def test_sql_default_schema_is_awa() -> None:
-    proc = awa_sa_cmd("sql")
-    assert proc.returncode == 0, proc.stderr
-    assert "awa.deferred_jobs" in proc.stdout
-    assert sorted(sql for _, sql in printed_blocks(proc.stdout)) == sorted(
-        expected_statements("awa")
-    )
-
-
-def test_sql_rejects_invalid_schema() -> None:
-    assert_one_line_error(awa_sa_cmd("sql", "--schema", "Bad-Name"), "invalid SQL identifier")
 
 
 @pytest.mark.parametrize("kind", ["fixture", "real"])

@@ -18,7 +18,7 @@ from awa_sa import queue_storage, statements
 
 DIALECT = psycopg.dialect()
 BUILDERS = statements.all_builders()
-IDS = [getattr(b, "__name__", None) or f"{b.func.__name__}{b.args}" for b in BUILDERS]  # type: ignore[attr-defined]
+IDS = [f"{b.func.__name__}{b.keywords or ''}" for b in BUILDERS]
 
 
 def _compile(stmt: Any, schema: str | None = None) -> str:
@@ -58,8 +58,8 @@ def test_routing_lock_is_a_share_lock() -> None:
 
 @pytest.mark.parametrize("batch", [False, True])
 def test_canonical_move_reads_routing_only_when_routed(batch: bool) -> None:
-    routed = _compile(statements.canonical_move(True, batch))
-    direct = _compile(statements.canonical_move(False, batch))
+    routed = _compile(statements.canonical_move(routed=True, batch=batch))
+    direct = _compile(statements.canonical_move(routed=False, batch=batch))
     assert "head AS MATERIALIZED" in routed
     assert "awa.active_queue_storage_schema()" in routed
     assert "active_queue_storage_schema" not in direct
@@ -75,30 +75,30 @@ def test_canonical_move_reads_routing_only_when_routed(batch: bool) -> None:
 
 
 @pytest.mark.parametrize(
-    "builder", [partial(statements.canonical_move, True), statements.take_and_allocate]
+    "builder", [partial(statements.canonical_move, routed=True), statements.take_and_allocate]
 )
 def test_moving_statements_take_a_batch_as_arrays(builder: Callable[[bool], Any]) -> None:
     """One row per attempt, its position kept, the first of each (job_id, lease) winning."""
-    sql = _compile(builder(True), "awa_qs")
+    sql = _compile(builder(batch=True), "awa_qs")
     assert "unnest(%(guard_id)s::BIGINT[], %(guard_lease)s::BIGINT[], %(b_tag)s::TEXT[]" in sql
     assert "WITH ORDINALITY AS item(job_id, lease, tag, delay, error, new_progress, ord)" in sql
     assert "SELECT DISTINCT ON (item.job_id, item.lease)" in sql
     assert "ORDER BY item.job_id, item.lease, item.ord" in sql
     assert "GROUP BY candidate.unique_key" in sql  # the shared-key check
-    single = _compile(builder(False), "awa_qs")  # scalars: a plan PostgreSQL can cache
+    single = _compile(builder(batch=False), "awa_qs")  # scalars: a plan PostgreSQL can cache
     assert "unnest" not in single
     assert "CAST(%(guard_id)s::BIGINT AS BIGINT) AS job_id" in single
     assert "false AS shared_key" in single
 
 
 def test_scheduled_insert_lists_all_27_columns() -> None:
-    sql = _compile(statements.canonical_move(False, True))
+    sql = _compile(statements.canonical_move(routed=False, batch=True))
     insert = sql.split("INSERT INTO awa.scheduled_jobs (", 1)[1].split(")", 1)[0]
     assert [c.strip() for c in insert.split(",")] == [c.name for c in statements.scheduled_jobs.c]
 
 
 def test_take_excludes_callback_wiring_and_allocates_from_the_schema_sequence() -> None:
-    sql = _compile(statements.take_and_allocate(True), "awa_qs")
+    sql = _compile(statements.take_and_allocate(batch=True), "awa_qs")
     for column in statements.CALLBACK_COLUMNS:
         assert f"awa.jobs_hot.{column} IS NULL" in sql
     assert "nextval('awa_qs.job_id_seq')" in sql
@@ -107,7 +107,7 @@ def test_take_excludes_callback_wiring_and_allocates_from_the_schema_sequence() 
 
 
 def test_deferred_insert_lists_all_16_columns_in_order() -> None:
-    sql = _compile(statements.insert_deferred(True), "awa_qs")
+    sql = _compile(statements.insert_deferred(batch=True), "awa_qs")
     head = sql.split("INSERT INTO awa_qs.deferred_jobs (", 1)[1].split(")", 1)[0]
     assert [c.strip() for c in head.split(",")] == [c.name for c in queue_storage.deferred_jobs.c]
     assert "FROM unnest(%(b_job_id)s::BIGINT[]" in sql  # one row per successor
@@ -115,7 +115,7 @@ def test_deferred_insert_lists_all_16_columns_in_order() -> None:
 
 
 def test_claim_upsert_always_targets_schema_awa() -> None:
-    sql = _compile(statements.claim_unique_keys(True), "awa_qs")
+    sql = _compile(statements.claim_unique_keys(batch=True), "awa_qs")
     assert "INSERT INTO awa.job_unique_claims" in sql
     assert "ON CONFLICT (unique_key) DO UPDATE" in sql
     assert "WHERE awa.job_unique_claims.job_id = excluded.job_id" in sql

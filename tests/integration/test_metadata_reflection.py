@@ -66,25 +66,6 @@ def test_real_cluster_matches_metadata(real_engine: sa.Engine, qs_schema: str) -
     assert_matches(real_engine, {queue_storage.QS_PLACEHOLDER: qs_schema})
 
 
-def test_metadata_covers_every_relation_the_library_writes() -> None:
-    names = {t.name for t in CANONICAL + QUEUE_STORAGE}
-    assert {
-        "jobs_hot",
-        "scheduled_jobs",
-        "job_unique_claims",
-        "storage_transition_state",
-        "runtime_storage_backends",
-        "deferred_jobs",
-        "done_entries",
-        "queue_lanes",
-        "queue_enqueue_heads",
-        "queue_claim_heads",
-        "queue_ring_state",
-        "queue_terminal_count_deltas",
-        "ready_entries",
-    } <= names
-
-
 def test_drift_is_detected(real_engine: sa.Engine) -> None:
     """The comparison can fail: a dropped NOT NULL on a scratch clone is reported."""
     with real_engine.begin() as conn:

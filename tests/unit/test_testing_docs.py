@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SECTION = re.search(
     r"^## Testing your service\n(.*?)^## ", (ROOT / "README.md").read_text(), re.S | re.M
 )

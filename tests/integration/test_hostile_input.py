@@ -445,7 +445,7 @@ def test_ids_leases_and_attempts_at_the_bounds(
     if not matches:
         assert out == Stale(), repr(out)
         return
-    successor_attempt = attempt - 1 if tag == "snooze" else attempt
+    successor_attempt = max(attempt - 1, -SMALLINT) if tag == "snooze" else attempt
     # reschedule.md §2.1 says backoff gives exactly 24 h up to attempt 43 and fails from 44.
     # On the real v040 function (and the fixture) it is random from 43 on: 2^A s plus the
     # jitter passes int64 microseconds and wraps; the result is "interval/timestamp out of

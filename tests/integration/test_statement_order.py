@@ -1,9 +1,10 @@
 """The statements each path sends, in order (reschedule.md §5.9, queue_storage.md §9).
 
 The canonical path has a budget of two statements; the queue-storage path keeps Awa's
-observable order (claim before insert, savepoints a and b, ring read, five lane statements,
-clock, cancelled row, last resort) with the take and the allocation merged into one statement,
-the cancelled row and its delta merged into another, and one savepoint around the whole branch.
+observable order (claim before insert, the deferred-rows and cancelled-row savepoints, ring
+read, five lane statements, clock, cancelled row, last resort) with the take and the allocation
+merged into one statement, the cancelled row and its delta merged into another, and one
+savepoint around the whole branch.
 """
 
 from __future__ import annotations

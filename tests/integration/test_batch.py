@@ -419,8 +419,8 @@ def test_release_order_decides_in_queue_storage(
 def test_lost_claims_and_a_unique_violation_fall_back_per_item(
     engine: sa.Engine, clone_database: Callable[[str], str], sent: list[str], schema: str
 ) -> None:
-    """A lost claim rolls savepoint a back and the rest is written again; a 23505 that cannot be
-    pinned on a row makes each row try alone. Both end as one by one would."""
+    """A lost claim rolls the deferred-rows savepoint back and the rest is written again; a 23505
+    that cannot be pinned on a row makes each row try alone. Both end as one by one would."""
     with engine.begin() as conn:
         set_routing(conn, "mixed_transition", schema)
         advance_sequence(conn, f"{schema}.job_id_seq", 500)

@@ -80,7 +80,7 @@ def test_rows_and_types_match_core_execution(engine: sa.Engine, batch: bool) -> 
     if batch:
         items = {name: [call.params[name] for call in calls] for name in items}
     with engine.begin() as conn:
-        core, text = _both_ways(conn, statements.take_and_allocate(batch), items, "awa_qs")
+        core, text = _both_ways(conn, statements.take_and_allocate(batch=batch), items, "awa_qs")
         _same(core, text, "job_id")  # each run consumed its own nextval
         for row in text:
             assert isinstance(row["run_at"], datetime)
@@ -88,14 +88,14 @@ def test_rows_and_types_match_core_execution(engine: sa.Engine, batch: bool) -> 
             assert isinstance(row["unique_key"], bytes)
             for name in ("args", "state", "attempted_at", "created_at", "unique_states", "payload"):
                 assert isinstance(row[name], str), name
-        core, text = _both_ways(conn, statements.canonical_move(False, batch), items)
+        core, text = _both_ways(conn, statements.canonical_move(routed=False, batch=batch), items)
         _same(core, text)
         assert all(isinstance(row["run_at"], datetime) for row in text)
         assert all(row["run_at"].tzinfo is not None for row in text)
         claim: dict[str, Any] = {"b_unique_key": b"new", "b_job_id": 7}
         if batch:
             claim = {"b_unique_key": [b"new", b"new2"], "b_job_id": [7, 8]}
-        _same(*_both_ways(conn, statements.claim_unique_keys(batch), claim))
+        _same(*_both_ways(conn, statements.claim_unique_keys(batch=batch), claim))
         _same(*_both_ways(conn, statements.ring_cursor(), {}, "awa_qs"))
         core, text = _both_ways(conn, statements.clock(), {})
         assert [type(v) for row in core + text for v in row.values()] == [str, str]

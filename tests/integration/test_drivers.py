@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -47,11 +46,6 @@ from jobs import (
 from pytest_postgresql.janitor import DatabaseJanitor
 from racing import fingerprint, held, in_thread, wait_for, wait_until_blocked
 from sqlalchemy import event
-from sqlalchemy.dialects import registry, sqlite
-from sqlalchemy.dialects.postgresql import asyncpg as sa_asyncpg
-from sqlalchemy.dialects.postgresql import pg8000 as sa_pg8000
-from sqlalchemy.dialects.postgresql import psycopg as sa_psycopg
-from sqlalchemy.dialects.postgresql import psycopg2 as sa_psycopg2
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 import awa_sa
@@ -70,10 +64,7 @@ from awa_sa import (
     Snooze,
     UniqueConflict,
     ValidationError,
-    compiled,
-    statements,
 )
-from awa_sa.drivers import ASYNC_DRIVERS, SYNC_DRIVERS, check_dialect
 from awa_sa.errors import CONNECTION_LOST
 from awa_sa.tools.server import EmbeddedPostgres
 
@@ -811,7 +802,8 @@ def test_faults_map_to_the_same_errors(driver: str, cluster: Cluster) -> None:
 
 
 def _last_resort(engine: sa.Engine, key: bytes) -> int:
-    """The longest path: savepoint a loses the claim, savepoint b too, the last-resort insert."""
+    """The longest path: both savepoints lose the claim (deferred rows, cancelled row), then the
+    last-resort insert."""
     with engine.begin() as conn:
         insert_holder(conn, key)
         return insert_job(conn, run_lease=4, unique_key=key, unique_states="11000010")
@@ -850,76 +842,3 @@ def test_killed_at_every_statement_boundary(driver: str, cluster: Cluster) -> No
         assert not failures, "\n".join(failures)
         job = _last_resort(engine, b"after")
         assert isinstance(face.call(job, 4, Snooze(1)), CancelledDuplicate)
-
-
-# -- binds awa-sa does not support -----------------------------------------------------------
-
-
-class UntestedDialect(sa_psycopg2.PGDialect_psycopg2):
-    driver = "untested"
-
-
-def test_unsupported_binds_are_refused_before_any_statement() -> None:
-    sqlite = sa.create_engine("sqlite://")
-    sent: list[str] = []
-    event.listen(sqlite, "before_cursor_execute", lambda *args: sent.append(args[2]))
-    sync_names = "postgresql+psycopg, postgresql+psycopg2, postgresql+pg8000"
-    with pytest.raises(ValidationError, match=re.escape(sync_names)):
-        awa_sa.reschedule_canonical_attempt(sqlite, 1, 1, Snooze(1))
-    with sqlite.connect() as conn, pytest.raises(ValidationError, match="sqlite"):
-        awa_sa.reschedule_canonical_attempts(conn, [Attempt(1, 1, Snooze(1))])
-    assert sent == []
-    # A PostgreSQL driver nobody tested (a dialect registered under another driver name).
-    registry.register("postgresql.untested", __name__, "UntestedDialect")
-    untested = sa.create_engine("postgresql+untested://nobody@localhost/none")
-    with pytest.raises(ValidationError, match=re.escape("postgresql+untested")):
-        awa_sa.reschedule_canonical_attempt(untested, 1, 1, Snooze(1))
-    # An async driver's engine handed to the sync face.
-    on_asyncpg = create_async_engine("postgresql+asyncpg://nobody@localhost/none")
-    with pytest.raises(ValidationError, match=r"awa_sa\.asyncio"):
-        awa_sa.reschedule_canonical_attempt(on_asyncpg.sync_engine, 1, 1, Snooze(1))
-
-
-@pytest.mark.parametrize(
-    ("dialect", "is_async", "names"),
-    [
-        (sa_pg8000.dialect(), True, "postgresql+psycopg, postgresql+asyncpg"),
-        (sqlite.dialect(), True, "postgresql+psycopg, postgresql+asyncpg"),
-        (sa_psycopg2.dialect(), False, None),
-        (sa_pg8000.dialect(), False, None),
-        (sa_psycopg.dialect(), False, None),
-        (sa_psycopg.dialect_async(), True, None),
-        (sa_asyncpg.dialect(), True, None),
-    ],
-)
-def test_supported_drivers_by_face(dialect: Any, is_async: bool, names: str | None) -> None:
-    if names is None:
-        check_dialect(dialect, is_async)
-    else:
-        with pytest.raises(ValidationError, match=re.escape(names)):
-            check_dialect(dialect, is_async)
-    assert set(SYNC_DRIVERS) | set(ASYNC_DRIVERS) == {"psycopg", "psycopg2", "pg8000", "asyncpg"}
-
-
-# -- positional drivers: how named values become placeholders ------------------------------
-
-
-@pytest.mark.parametrize(
-    "dialect", [sa_asyncpg.dialect(), sa_pg8000.dialect()], ids=["asyncpg", "pg8000"]
-)
-def test_positional_layout_names_every_placeholder(dialect: Any) -> None:
-    """Each placeholder maps to a bind of the statement, in order, and every bind is used."""
-    for builder in statements.all_builders():
-        for schema in ("awa", "awa_qs"):
-            sent = compiled.compiled(builder(), dialect, schema)
-            assert sent.positions is not None
-            names = {b.key for b in builder().compile(dialect=dialect).binds.values()}
-            assert set(sent.positions) == names
-            if dialect.paramstyle == "format":
-                assert sent.sql.count("%s") == len(sent.positions)
-                assert sent.positions or "%" not in sent.sql  # pg8000 sends these as they are
-            else:
-                numbers = {int(n) for n in re.findall(r"\$(\d+)", sent.sql)}
-                assert numbers == set(range(1, len(sent.positions) + 1))
-            values = {name: name for name in names}
-            assert sent.params(values) == tuple(sent.positions)

@@ -1,141 +1,38 @@
-"""Bad input: a clear error, and every table (and every id sequence) exactly as before.
+"""Bad input the database must judge: a clear error, and every table and id sequence as before.
 
-Input that can be judged without the database is refused before a connection is checked out;
-input the database must judge (overflowing backoff, non-object metadata, a bad routing schema
-name) is refused with nothing written, on the fixture and on a real cluster.
+Overflowing backoff, non-object metadata, a bad routing schema name: each is refused with
+nothing written, on the fixture and on a real cluster. Input judged without the database is
+refused before a connection is checked out (tests/unit/test_validation.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from jobs import KINDS, advance_all, insert_job, snapshot_of
-from sqlalchemy import event
-from sqlalchemy.ext.asyncio import create_async_engine
 
-import awa_sa.asyncio as awa_async
 from awa_sa import (
+    Attempt,
     AwaSAError,
     DatabaseError,
     InvalidSchemaName,
+    Migrated,
     Rescheduled,
-    RetryAfter,
     RetryBackoff,
     Snooze,
     ValidationError,
     reschedule_canonical_attempt,
+    reschedule_canonical_attempts,
 )
 from awa_sa.reschedule import prepare, run
-
-
-@pytest.fixture
-def untouched(engine: sa.Engine) -> Iterator[sa.Engine]:
-    """The fixture engine, failing the test if any connection is checked out while it runs."""
-    with engine.begin() as conn:
-        insert_job(conn)
-    before = snapshot_of(engine)
-    checkouts: list[object] = []
-
-    def on_checkout(*args: object) -> None:
-        checkouts.append(args)
-
-    event.listen(engine, "checkout", on_checkout)
-    yield engine
-    event.remove(engine, "checkout", on_checkout)
-    assert checkouts == []
-    assert snapshot_of(engine) == before
-
-
-NON_FINITE = [math.nan, math.inf, -math.inf]
-NOT_A_NUMBER: list[Any] = [True, "30", None, 10**400]
-
-
-@pytest.mark.parametrize("make", [Snooze, RetryAfter])
-def test_kinds_refuse_bad_delays_when_built(make: Any) -> None:
-    for delay in NON_FINITE + NOT_A_NUMBER:
-        with pytest.raises(ValidationError):
-            make(delay)
-
-
-def _smuggled(delay: float) -> Snooze:
-    """A Snooze whose delay bypassed the constructor check."""
-    kind = Snooze(1.0)
-    object.__setattr__(kind, "delay_secs", delay)
-    return kind
-
-
-def _circular() -> list[Any]:
-    value: list[Any] = []
-    value.append(value)
-    return value
-
-
-BAD_JSON: list[Any] = [
-    object(),
-    {1, 2},
-    math.nan,
-    {"a": [math.inf]},
-    "\ud800",  # a lone surrogate: not UTF-8
-    "a\x00b",  # jsonb cannot store U+0000
-    {"k\x00": 1},
-    _circular(),
-    b"bytes",
-]
-
-
-def test_refused_before_the_database(untouched: sa.Engine) -> None:
-    engine = untouched
-    job = 1
-    for delay in NON_FINITE:
-        with pytest.raises(ValidationError, match="finite"):
-            reschedule_canonical_attempt(engine, job, 1, _smuggled(delay))
-    # Finite but beyond what run_at (and interval) can hold: refused, not left to overflow.
-    for delay in (1e300, 1e12, -1e12, -1e300):
-        with pytest.raises(ValidationError, match="run_at"):
-            reschedule_canonical_attempt(engine, job, 1, Snooze(delay))
-    for value in BAD_JSON:
-        with pytest.raises(ValidationError, match="error"):
-            reschedule_canonical_attempt(engine, job, 1, RetryBackoff(), error=value)
-        with pytest.raises(ValidationError, match="progress"):
-            reschedule_canonical_attempt(engine, job, 1, RetryBackoff(), progress=value)
-    for bad_int in (True, 1.0, "1", None, 2**63, -(2**63) - 1):
-        with pytest.raises(ValidationError, match="job_id"):
-            reschedule_canonical_attempt(engine, bad_int, 1, RetryBackoff())  # type: ignore[arg-type]
-        with pytest.raises(ValidationError, match="run_lease"):
-            reschedule_canonical_attempt(engine, job, bad_int, RetryBackoff())  # type: ignore[arg-type]
-    for kind in ("snooze", Snooze, None, 30.0):
-        with pytest.raises(ValidationError, match="kind"):
-            reschedule_canonical_attempt(engine, job, 1, kind)  # type: ignore[arg-type]
-    for bind in (str(engine.url), None, engine.raw_connection):
-        with pytest.raises(ValidationError, match="bind"):
-            reschedule_canonical_attempt(bind, job, 1, RetryBackoff())  # type: ignore[arg-type]
 
 
 def test_bigint_edges_are_accepted(engine: sa.Engine) -> None:
     for value in (2**63 - 1, -(2**63)):
         assert reschedule_canonical_attempt(engine, value, value, RetryBackoff()) is not None
-
-
-async def test_async_refuses_before_the_database(untouched: sa.Engine) -> None:
-    with pytest.raises(ValidationError, match="bind"):
-        await awa_async.reschedule_canonical_attempt(untouched, 1, 1, RetryBackoff())  # type: ignore[arg-type]
-    async_engine = create_async_engine(untouched.url)
-    try:
-        with pytest.raises(ValidationError, match="bind"):
-            reschedule_canonical_attempt(async_engine, 1, 1, RetryBackoff())  # type: ignore[arg-type]
-        with pytest.raises(ValidationError, match="finite"):
-            await awa_async.reschedule_canonical_attempt(async_engine, 1, 1, _smuggled(math.nan))
-        with pytest.raises(ValidationError, match="error"):
-            await awa_async.reschedule_canonical_attempt(
-                async_engine, 1, 1, RetryBackoff(), error=object()
-            )
-    finally:
-        await async_engine.dispose()
 
 
 def test_autocommit_bind_is_refused(engine: sa.Engine) -> None:
@@ -159,7 +56,7 @@ def test_backoff_overflow_changes_nothing(cluster: Any, phase: str) -> None:
     """Attempts whose backoff always overflows: 22003 from 1024 (2^1024 is not a double).
 
     From 43 to about 1023 v040's result depends on the jitter (an error, or an arbitrary run_at);
-    tests/test_hostile_input.py accepts exactly those outcomes.
+    tests/integration/test_hostile_input.py accepts exactly those outcomes.
     """
     cluster.set_phase(phase, "awa_qs")
     with cluster.engine.begin() as conn:
@@ -172,6 +69,32 @@ def test_backoff_overflow_changes_nothing(cluster: Any, phase: str) -> None:
         assert info.value.sqlstate in ("22008", "22003"), attempt
         assert isinstance(info.value.__cause__, sa.exc.DBAPIError)
     assert snapshot_of(cluster.engine) == before  # not even an id from awa_qs.job_id_seq
+
+
+@pytest.mark.parametrize("phase", ["canonical", "mixed_transition"])
+def test_snooze_at_the_smallint_floor_keeps_it(cluster: Any, phase: str) -> None:
+    """A Snooze takes one off the attempt, saturating at -32768 as Awa's subtraction does."""
+    cluster.set_phase(phase, "awa_qs")
+    with cluster.engine.begin() as conn:
+        advance_all(conn)
+        alone = insert_job(conn, attempt=-32768)
+        batch = [insert_job(conn, attempt=a) for a in (-32768, -32767, -32766)]
+    outcomes = [reschedule_canonical_attempt(cluster.engine, alone, 1, Snooze(1))]
+    outcomes += reschedule_canonical_attempts(
+        cluster.engine, [Attempt(job, 1, Snooze(1)) for job in batch]
+    )
+    moved = [o for o in outcomes if isinstance(o, Rescheduled | Migrated)]
+    assert [o.attempt for o in moved] == [-32768, -32768, -32768, -32767]
+    with cluster.engine.connect() as conn:
+        if phase == "canonical":
+            table, ids = "awa.scheduled_jobs WHERE id", [alone, *batch]
+        else:
+            table, ids = "awa_qs.deferred_jobs WHERE job_id", [o.job_id for o in moved]
+        stored = [
+            conn.execute(sa.text(f"SELECT attempt FROM {table} = :id"), {"id": i}).scalar_one()
+            for i in ids
+        ]
+    assert stored == [-32768, -32768, -32768, -32767]
 
 
 def test_non_object_metadata_is_refused_in_queue_storage(cluster: Any) -> None:

@@ -13,8 +13,9 @@ Faults:
   -- on each path (canonical, migrated, cancelled duplicate with the last-resort insert),
   through an ``Engine``, a caller's ``Connection`` and an ``AsyncEngine``;
 * ``statement_timeout`` while another session holds the attempt's row or the successor's
-  unique claim (the latter strikes inside savepoint a, after the take); ``lock_timeout`` on the
-  lane's advisory lock (between the savepoints) and while a transition holds the singleton;
+  unique claim (the latter strikes inside the deferred-rows savepoint, after the take);
+  ``lock_timeout`` on the lane's advisory lock (between the savepoints) and while a transition
+  holds the singleton;
   ``pg_cancel_backend`` while the call waits for the singleton;
 * serialization failures under REPEATABLE READ and SERIALIZABLE (reschedule.md §3.1): the
   singleton or the attempt changed since the caller's snapshot;
@@ -83,7 +84,8 @@ def _plain(conn: sa.Connection) -> tuple[int, int]:
 
 def _last_resort(conn: sa.Connection) -> tuple[int, int]:
     """Running outside the mask, a holder owns the key, and the mask claims cancelled too:
-    the longest path (savepoint a fails, savepoint b fails, the last-resort insert).
+    the longest path (the deferred-rows savepoint fails, the cancelled-row savepoint fails, the
+    last-resort insert).
     """
     if conn.execute(sa.text("SELECT last_value FROM awa_qs.job_id_seq")).scalar_one() < QS_IDS:
         advance_sequence(conn, "awa_qs.job_id_seq", QS_IDS)
@@ -297,7 +299,8 @@ def _timeout_on_a_held_row(engine: sa.Engine, timed: sa.Engine) -> None:
 
 def _timeout_on_the_claim_after_the_take(engine: sa.Engine, timed: sa.Engine) -> None:
     """The successor's claim waits on another session's uncommitted claim of the same key; the
-    timeout strikes inside savepoint a, after the canonical row was taken and an id allocated.
+    timeout strikes inside the deferred-rows savepoint, after the canonical row was taken and an
+    id allocated.
     """
     key = b"fault-%d" % next(_keys)
     with engine.begin() as conn:
@@ -321,7 +324,7 @@ def _timeout_on_the_claim_after_the_take(engine: sa.Engine, timed: sa.Engine) ->
 
 def _lock_timeout_on_the_lane(engine: sa.Engine, timed: sa.Engine) -> None:
     """The cancelled-duplicate path waits for the lane's advisory lock, held elsewhere; the
-    timeout strikes after savepoint a was rolled back, between the two savepoints.
+    timeout strikes after the deferred-rows savepoint was rolled back, between the two savepoints.
     """
     with engine.begin() as conn:
         job_id, lease = _last_resort(conn)

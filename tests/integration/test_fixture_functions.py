@@ -37,7 +37,7 @@ from catalog_facts import (
 
 import awa_sa_schema
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KEY = b"unique-key-1"
 DEFAULT_MASK = "11111000"  # scheduled, available, running, completed, retryable
 

@@ -1,0 +1,119 @@
+"""Input judged without the database is refused before a connection is even checked out.
+
+The engine points at a port nothing listens on, so a connection attempt would fail with a
+driver error, not the ``ValidationError`` each case expects; a checkout listener says so too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import create_async_engine
+
+import awa_sa.asyncio as awa_async
+from awa_sa import RetryAfter, RetryBackoff, Snooze, ValidationError, reschedule_canonical_attempt
+
+NOWHERE = "postgresql+psycopg://nobody@127.0.0.1:1/nothing"
+
+
+@pytest.fixture
+def untouched() -> Iterator[sa.Engine]:
+    """An engine with no server behind it, failing the test if a connection is checked out."""
+    engine = sa.create_engine(NOWHERE)
+    checkouts: list[object] = []
+
+    def on_checkout(*args: object) -> None:
+        checkouts.append(args)
+
+    event.listen(engine, "checkout", on_checkout)
+    yield engine
+    event.remove(engine, "checkout", on_checkout)
+    engine.dispose()
+    assert checkouts == []
+
+
+NON_FINITE = [math.nan, math.inf, -math.inf]
+NOT_A_NUMBER: list[Any] = [True, "30", None, 10**400]
+
+
+@pytest.mark.parametrize("make", [Snooze, RetryAfter])
+def test_kinds_refuse_bad_delays_when_built(make: Any) -> None:
+    for delay in NON_FINITE + NOT_A_NUMBER:
+        with pytest.raises(ValidationError):
+            make(delay)
+
+
+def _smuggled(delay: float) -> Snooze:
+    """A Snooze whose delay bypassed the constructor check."""
+    kind = Snooze(1.0)
+    object.__setattr__(kind, "delay_secs", delay)
+    return kind
+
+
+def _circular() -> list[Any]:
+    value: list[Any] = []
+    value.append(value)
+    return value
+
+
+BAD_JSON: list[Any] = [
+    object(),
+    {1, 2},
+    math.nan,
+    {"a": [math.inf]},
+    "\ud800",  # a lone surrogate: not UTF-8
+    "a\x00b",  # jsonb cannot store U+0000
+    {"k\x00": 1},
+    _circular(),
+    b"bytes",
+]
+
+
+def test_refused_before_the_database(untouched: sa.Engine) -> None:
+    engine = untouched
+    job = 1
+    for delay in NON_FINITE:
+        with pytest.raises(ValidationError, match="finite"):
+            reschedule_canonical_attempt(engine, job, 1, _smuggled(delay))
+    # Finite but beyond what run_at (and interval) can hold: refused, not left to overflow.
+    for delay in (1e300, 1e12, -1e12, -1e300):
+        with pytest.raises(ValidationError, match="run_at"):
+            reschedule_canonical_attempt(engine, job, 1, Snooze(delay))
+    for value in BAD_JSON:
+        with pytest.raises(ValidationError, match="error"):
+            reschedule_canonical_attempt(engine, job, 1, RetryBackoff(), error=value)
+        with pytest.raises(ValidationError, match="progress"):
+            reschedule_canonical_attempt(engine, job, 1, RetryBackoff(), progress=value)
+    for bad_int in (True, 1.0, "1", None, 2**63, -(2**63) - 1):
+        with pytest.raises(ValidationError, match="job_id"):
+            reschedule_canonical_attempt(engine, bad_int, 1, RetryBackoff())  # type: ignore[arg-type]
+        with pytest.raises(ValidationError, match="run_lease"):
+            reschedule_canonical_attempt(engine, job, bad_int, RetryBackoff())  # type: ignore[arg-type]
+    for kind in ("snooze", Snooze, None, 30.0):
+        with pytest.raises(ValidationError, match="kind"):
+            reschedule_canonical_attempt(engine, job, 1, kind)  # type: ignore[arg-type]
+    for bind in (str(engine.url), None, engine.raw_connection):
+        with pytest.raises(ValidationError, match="bind"):
+            reschedule_canonical_attempt(bind, job, 1, RetryBackoff())  # type: ignore[arg-type]
+
+
+async def test_async_refuses_before_the_database(untouched: sa.Engine) -> None:
+    with pytest.raises(ValidationError, match="bind"):
+        await awa_async.reschedule_canonical_attempt(untouched, 1, 1, RetryBackoff())  # type: ignore[arg-type]
+    async_engine = create_async_engine(untouched.url)
+    try:
+        with pytest.raises(ValidationError, match="bind"):
+            reschedule_canonical_attempt(async_engine, 1, 1, RetryBackoff())  # type: ignore[arg-type]
+        with pytest.raises(ValidationError, match="finite"):
+            await awa_async.reschedule_canonical_attempt(async_engine, 1, 1, _smuggled(math.nan))
+        with pytest.raises(ValidationError, match="error"):
+            await awa_async.reschedule_canonical_attempt(
+                async_engine, 1, 1, RetryBackoff(), error=object()
+            )
+    finally:
+        await async_engine.dispose()

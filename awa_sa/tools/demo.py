@@ -70,7 +70,7 @@ def _fixture_builder() -> ModuleType:
     except ImportError as exc:
         raise DemoUnavailable(
             f"the demo builds its schema with Alembic, which is not installed ({exc}); "
-            "run `bash .ci/setup` or `pip install alembic`"
+            "run `./dev demo` from a checkout, or `pip install awa-sa[demo]`"
         ) from exc
 
 

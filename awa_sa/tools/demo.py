@@ -59,7 +59,7 @@ WORKER_ADVICE = {
     "CancelledDuplicate": "done; report the attempt as ignored: no retry event, no follow-up",
     "Stale": "someone else already settled this attempt; drop the result (nothing was written)",
 }
-"""What the caller of reschedule_canonical_attempt should do next, per outcome (spec §6)."""
+"""What the caller of reschedule_canonical_attempt should do next (docs/contract.md#outcomes)."""
 
 
 def _fixture_builder() -> ModuleType:

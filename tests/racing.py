@@ -126,9 +126,15 @@ def wait_until_blocked(
     pending = list(pending)
     deadline = time.monotonic() + timeout
     while True:
-        waiters = blocked_by(observer, holder_pid)
-        if len(waiters) >= count:
-            return waiters
+        if len(blocked_by(observer, holder_pid)) >= count:
+            # pg_stat_activity's row is a copy taken when the query first read it, while
+            # pg_blocking_pids reads the lock table live, so that row may still show the
+            # statement before the blocked one (BEGIN, say). Read again: the sessions were
+            # blocked before this new snapshot and the holder has not let go, so now each
+            # row shows the statement that waits.
+            waiters = blocked_by(observer, holder_pid)
+            if len(waiters) >= count:
+                return waiters
         for fut in pending:
             if fut.done():
                 raise AssertionError(

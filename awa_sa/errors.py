@@ -4,7 +4,7 @@
   where that is possible; otherwise (an invalid routing schema name, non-object metadata on the
   taken row) before anything is written, and the write that would follow is rolled back.
 * :class:`UniqueConflict` -- SQLSTATE 23505, or a claim upsert that acquired nothing. On the
-  canonical path it propagates and the attempt stays running, as in Awa (spec §4, §9).
+  canonical path it propagates and the attempt stays running, as in Awa (docs/contract.md#errors).
 * :class:`DatabaseError` -- any other driver error (interval overflow, lock timeout,
   serialization failure, lost connection). ``sqlstate`` is exposed; ``__cause__`` is the
   SQLAlchemy exception, whose ``orig`` is the driver's own. The SQLSTATE, constraint name and

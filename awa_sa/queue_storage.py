@@ -50,7 +50,7 @@ def translate_map(schema: str) -> dict[str | None, str | None]:
     """The ``schema_translate_map`` for queue-storage schema *schema*, validated.
 
     Awa splices the name into identifiers, so it accepts only plain lower-case identifiers;
-    so do we (spec: queue_storage.md §1). PostgreSQL would silently truncate a longer name.
+    so do we (docs/contract.md#validation). PostgreSQL would silently truncate a longer name.
     """
     if not (_IDENTIFIER.fullmatch(schema) and len(schema.encode()) <= _MAX_IDENTIFIER_BYTES):
         raise InvalidSchemaName(schema)

@@ -1,4 +1,4 @@
-"""The reschedule decision flow over a sync ``Connection`` (spec: reschedule.md, queue_storage.md).
+"""The reschedule decision flow over a sync ``Connection`` (docs/contract.md, docs/architecture.md).
 
 The flow asks :mod:`awa_sa.statements` for a statement, executes it, and decides what the result
 means. This is the only place that knows an ``Engine`` (own transaction, committed) from a
@@ -96,7 +96,7 @@ class _Trace:
 def prepare(
     job_id: object, run_lease: object, kind: object, error: object, progress: object
 ) -> Call:
-    """Validate every input before anything reaches the database (spec §1)."""
+    """Validate every input before anything reaches the database (docs/contract.md#validation)."""
     job_id = _bigint("job_id", job_id)
     run_lease = _bigint("run_lease", run_lease)
     delay: float | None = None
@@ -468,7 +468,7 @@ def _claim_and_insert_cancelled(
 
 
 def _claims(unique_key: bytes | None, unique_states: str | None, state: str) -> bool:
-    """Does a queue-storage row in *state* claim its key? (queue_storage.md §5.1)."""
+    """Does a queue-storage row in *state* claim its key? (docs/contract.md#claims)."""
     if unique_key is None or unique_states is None:
         return False
     bit = JOB_STATES.index(state)

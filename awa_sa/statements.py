@@ -310,8 +310,8 @@ def _finalized_at(taken: CTE, snoozed: ColumnElement[Any]) -> ColumnElement[Any]
 
 
 def _run_at(taken: CTE) -> ColumnElement[Any]:
-    # smallint arguments: the function has no int4 overload (spec §2.1). CASE evaluates only
-    # the matching branch, so the volatile backoff runs for retry_backoff rows alone.
+    # smallint arguments: the function has no int4 overload (docs/contract.md#backoff). CASE
+    # evaluates only the matching branch, so the volatile backoff runs for retry_backoff rows alone.
     backoff = func.awa.backoff_duration(
         cast(taken.c.attempt, SmallInteger),
         cast(taken.c.max_attempts, SmallInteger),
@@ -361,7 +361,7 @@ def routing_lock() -> Select[Any]:
     """Statement 1: share-lock the transition singleton; no row means canonical routing.
 
     Every storage transition locks this row exclusively first, so holding it to the end of the
-    transaction keeps routing fixed until the write commits (spec §3.2).
+    transaction keeps routing fixed until the write commits (docs/contract.md#routing-lock).
     """
     return (
         select(literal_column("1"))
@@ -416,11 +416,13 @@ def _insert_scheduled(taken: CTE) -> CTE:
 
 @_statement
 def canonical_move(*, routed: bool, batch: bool) -> Select[Any]:
-    """Statement 2: read routing afresh and, only if it is NULL, move the rows (spec §3.3, §4).
+    """Statement 2: read routing afresh and, only if it is NULL, move the rows.
+
+    See docs/contract.md#routing and #canonical-move.
 
     One round trip after the lock, whatever the batch size. The routing read is a new
     statement, so under READ COMMITTED its snapshot postdates the lock and cannot miss a
-    transition that committed while we waited. The move is the spec's DELETE...INSERT CTE: same
+    transition that committed while we waited. The move is one DELETE...INSERT CTE: the same
     id, each successor built only from its deleted row and its own item.
 
     Always returns a first row ``(routing_schema, shared_key, ...)``: a non-NULL
@@ -450,7 +452,7 @@ def canonical_move(*, routed: bool, batch: bool) -> Select[Any]:
 
 
 def _payload(taken: CTE) -> ColumnElement[Any]:
-    """The compacted queue-storage payload (queue_storage.md §4), SQL NULL when empty."""
+    """The compacted queue-storage payload (docs/contract.md#payload), NULL when empty."""
     errors = func.coalesce(_errors_after(taken), _EMPTY_ERRORS, type_=ARRAY(JSONB))
     progress = cast(taken.c.new_progress, JSONB)
 
@@ -480,7 +482,7 @@ def _timed(taken: CTE) -> CTE:
 def _fresh_id(metadata_type: ColumnElement[Any]) -> ColumnElement[Any]:
     """``nextval`` of the schema's sequence, only for a row whose metadata is a JSON object.
 
-    Any other row is refused right after (queue_storage.md §4), and should not burn an id.
+    Any other row is refused right after (docs/contract.md#payload), and should not burn an id.
     """
     new_id = cast(qs.job_id_seq.next_value(), BigInteger)
     return case((metadata_type == literal_column("'object'"), new_id))
@@ -524,12 +526,12 @@ def _allocated_successors(timed: CTE) -> Any:
 
 @_statement
 def take_and_allocate(*, batch: bool) -> Select[Any]:
-    """Take the canonical rows (spec §5.1) and allocate their successors (§5.3), one statement.
+    """Take the canonical rows and allocate their successors, one statement (docs/contract.md#take).
 
-    The spec's two statements merged: ``nextval`` sits in the select list over the deleted rows,
+    Awa's two statements merged: ``nextval`` sits in the select list over the deleted rows,
     so it runs only for a taken row -- a stale attempt consumes no sequence value -- and only
     when that row's metadata is a JSON object, because such a job is refused right after
-    (queue_storage.md §4) and should not burn an id either. The list is evaluated after the
+    (docs/contract.md#payload) and should not burn an id either. The list is evaluated after the
     ``ORDER BY ord``, so fresh ids follow the caller's order, as one call after another would.
 
     Returns a first row whose ``shared_key`` says whether anything was taken (see
@@ -574,7 +576,7 @@ def _value(column: Any) -> ColumnElement[Any]:
 
 @_statement
 def insert_deferred(*, batch: bool) -> Insert:
-    """The successors as deferred jobs: all 16 columns explicit (queue_storage.md §3).
+    """The successors as deferred jobs: all 16 columns explicit (docs/contract.md#deferred).
 
     ``b_<column>`` scalars for one row, or arrays with one element per row for a batch.
     """
@@ -588,7 +590,7 @@ def insert_deferred(*, batch: bool) -> Insert:
 
 @_statement
 def claim_unique_keys(*, batch: bool) -> Insert:
-    """Acquire each ``(key, job)`` unless another job id holds the key (queue_storage.md §5.2).
+    """Acquire each ``(key, job)`` unless another job id holds the key (docs/contract.md#claims).
 
     On conflict a row is "updated" to itself only when it already names this job, so the
     returned ``job_id`` values are the claims acquired and a missing one is held by someone
@@ -608,7 +610,7 @@ def claim_unique_keys(*, batch: bool) -> Insert:
 
 @_statement
 def ring_cursor() -> Select[Any]:
-    """The v040 ring cursor: a plain read, no lock, exactly as Awa 0.6 (queue_storage.md §6.1)."""
+    """The v040 ring cursor: a plain read, no lock, as in Awa 0.6 (docs/contract.md#cancelled)."""
     ring = qs.queue_ring_state
     return select(ring.c.current_slot, ring.c.generation).where(ring.c.singleton)
 
@@ -662,7 +664,10 @@ def ensure_lane_sequences() -> Select[Any]:
 
 @_statement
 def clock() -> Select[Any]:
-    """The wall clock after lane ensuring: the cancelled row's ``finalized_at`` (§6.1.4)."""
+    """The wall clock after lane ensuring: the cancelled row's ``finalized_at``.
+
+    See docs/contract.md#cancelled.
+    """
     return select(cast(func.clock_timestamp(), Text))
 
 
@@ -741,8 +746,9 @@ def _insert_terminal_delta(done: CTE) -> CTE:
 def insert_cancelled() -> Select[Any]:
     """The cancelled terminal row and its ``+1`` terminal-count delta, in one statement.
 
-    The spec's two inserts (queue_storage.md §6.4, §6.5) as one data-modifying CTE: the delta is
-    built from the row actually inserted, and both still sit inside the cancelled-row savepoint.
+    Awa's two inserts (docs/contract.md#done-row, #terminal-delta) as one data-modifying CTE:
+    the delta is built from the row actually inserted, and both still sit inside the
+    cancelled-row savepoint.
     The payload is the deferred payload with the lifecycle error appended, composed in SQL. The
     last-resort insert is this statement with ``b_unique_key``/``b_unique_states`` bound to
     NULL. One row per call: a cancelled duplicate is the per-attempt fallback of a batch.

@@ -2,7 +2,7 @@
 
 ``build`` runs the migrations on a connection, ``install_queue_storage`` adds the queue-storage
 substrate for a schema name, and ``set_phase`` moves the storage transition state the way the
-published awa CLI would. What is included and why: ``/work/shared/spec/fixture_scope.md``.
+published awa CLI would. What is included and why: docs/architecture.md#fixture.
 """
 
 from .build import build

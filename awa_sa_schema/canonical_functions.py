@@ -157,7 +157,7 @@ $fn$;
 
 # Routing is decided in the database, from the table, by a STABLE function: that is what makes a
 # one-statement "lock and read" see the statement's (possibly stale) snapshot, the behaviour
-# reschedule.md section 3.3 is about. Blank handling follows what the awa-cli 0.6.9 functions
+# docs/contract.md#routing-read is about. Blank handling follows what the awa-cli 0.6.9 functions
 # were observed to do (the catalog prose is looser): engine names are trimmed and blank ones
 # count as missing; a details schema counts as missing only when it is exactly '' (it is not
 # trimmed), and the marker row's schema_name is taken as it is, even when empty.

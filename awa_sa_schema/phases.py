@@ -2,7 +2,7 @@
 
 The fixture omits Awa's ``storage_*`` functions (``storage_abort`` alone counts rows in fourteen
 tables the fixture does not have), so phases are set by writing the singleton and the marker
-row directly, with the values observed on a real cluster (fixture_scope.md section 5). Like
+row directly, with the values observed on a real cluster (docs/architecture.md#phases). Like
 every real transition, the write locks the singleton first (FOR UPDATE), so it serialises
 against a reschedule holding its FOR SHARE lock.
 """
@@ -77,7 +77,7 @@ _DELETE_MARKER = sa.text("DELETE FROM awa.runtime_storage_backends WHERE backend
 
 
 def set_phase(connection: sa.Connection, phase: str, schema: str = "awa") -> None:
-    """Write exactly the ``phase`` rows of fixture_scope.md section 5, routing to *schema*.
+    """Write exactly the ``phase`` rows of docs/architecture.md#phases, routing to *schema*.
 
     Phases: ``canonical`` (epoch 0), ``prepared`` (1), ``mixed_transition`` (2), ``active`` (3)
     and ``aborted``: back to canonical with the epoch one above the current one, details ``{}``

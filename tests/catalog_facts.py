@@ -13,7 +13,6 @@ catalog reads are read-only and a clone per test would dominate the suite's run 
 from __future__ import annotations
 
 import json
-import os
 import re
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -24,17 +23,11 @@ from typing import Any
 import sqlalchemy as sa
 from pytest_postgresql.janitor import DatabaseJanitor
 
+import awa_sa_schema
 from awa_sa.tools.server import EmbeddedPostgres
 
-# The spec's catalog, vendored next to the fixture it describes so that a clean clone can run the
-# suite; AWA_SA_CATALOG points elsewhere (test_catalog_parity checks it equals the shared spec).
-CATALOG_PATH = Path(
-    os.environ.get(
-        "AWA_SA_CATALOG",
-        Path(__file__).resolve().parents[1] / "awa_sa_schema" / "v040_catalog.json",
-    )
-)
-SHARED_SPEC_CATALOG = Path("/work/shared/spec/v040_catalog.json")
+# The catalog dumped from an awa-cli 0.6.9 database, shipped beside the fixture it describes.
+CATALOG_PATH = Path(awa_sa_schema.__file__).with_name("v040_catalog.json")
 
 # Facts in the JSON that are prose for humans, not something a catalog query can return.
 PROSE_KEYS = frozenset({"description", "row_and_advisory_locks_taken"})

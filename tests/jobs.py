@@ -213,7 +213,7 @@ def expected_payload(
     errors: Sequence[str] = (),
     progress: str | None = None,
 ) -> str | None:
-    """queue_storage.md section 4, written independently of the library: JSON text or None."""
+    """docs/contract.md#payload, written independently of the library: JSON text or None."""
     parts = []
     if json.loads(metadata) != {}:
         parts.append(f'"metadata": {metadata}')

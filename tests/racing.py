@@ -10,13 +10,14 @@ Storage transitions come in two flavours with one interface (:class:`Transitions
 
 * :class:`EmulatedTransitions` for the Alembic fixture, which omits Awa's ``storage_*``
   functions. Each method does what the real function does to the rows that matter
-  (fixture_scope.md section 6): ``SELECT ... FOR UPDATE`` on the singleton first, then the same
-  refusal checks (abort: queue storage must be empty; finalize: no canonical backlog), then the
-  row changes of section 5, relative to the current epoch.
+  (docs/architecture.md#racing-transitions): ``SELECT ... FOR UPDATE`` on the singleton first,
+  then the same refusal checks (abort: queue storage must be empty; finalize: no canonical
+  backlog), then the row changes of docs/architecture.md#phases, relative to the current epoch.
 * :class:`RealTransitions` calls ``awa.storage_prepare/enter_mixed_transition/abort/finalize``
   on a database built by ``awa migrate``. ``enter_mixed_transition`` needs a live
-  ``awa.runtime_instances`` row with the queue-storage target role (fixture_scope.md section 7),
-  and abort refuses while such a runtime is live, so the class manages that row.
+  ``awa.runtime_instances`` row with the queue-storage target role
+  (docs/architecture.md#real-cluster), and abort refuses while such a runtime is live, so the
+  class manages that row.
 
 Every method runs in the caller's open transaction and does not commit: the caller holds the
 singleton lock for as long as it likes.
@@ -51,7 +52,7 @@ QS_TABLES = (
     "queue_ring_state",
     "ready_entries",
 )
-"""Every queue-storage relation the reschedule reads or writes (queue_storage.md section 1)."""
+"""Every queue-storage relation the reschedule reads or writes (docs/contract.md#queue-storage)."""
 
 CANONICAL_TABLES = (
     "jobs_hot",
@@ -125,9 +126,15 @@ def wait_until_blocked(
     pending = list(pending)
     deadline = time.monotonic() + timeout
     while True:
-        waiters = blocked_by(observer, holder_pid)
-        if len(waiters) >= count:
-            return waiters
+        if len(blocked_by(observer, holder_pid)) >= count:
+            # pg_stat_activity's row is a copy taken when the query first read it, while
+            # pg_blocking_pids reads the lock table live, so that row may still show the
+            # statement before the blocked one (BEGIN, say). Read again: the sessions were
+            # blocked before this new snapshot and the holder has not let go, so now each
+            # row shows the statement that waits.
+            waiters = blocked_by(observer, holder_pid)
+            if len(waiters) >= count:
+                return waiters
         for fut in pending:
             if fut.done():
                 raise AssertionError(
@@ -252,7 +259,10 @@ def canonical_backlog(conn: sa.Connection) -> int:
 
 
 class EmulatedTransitions:
-    """What the real ``awa.storage_*`` functions do, on the fixture (fixture_scope.md section 6)."""
+    """What the real ``awa.storage_*`` functions do, on the fixture.
+
+    See docs/architecture.md#racing-transitions.
+    """
 
     kind = "fixture"
 
@@ -402,7 +412,7 @@ def snapshot(conn: sa.Connection, qs_schemas: Iterable[str] = ("awa", "awa_qs"))
     """Every row of every relation the operation can touch, as sorted text, plus relation names.
 
     Sequences are left out on purpose: ``nextval`` is not transactional, so a rolled-back call
-    may leave a gap (queue_storage.md section 2). Relation names of the queue-storage schemas are
+    may leave a gap (docs/contract.md#take). Relation names of the queue-storage schemas are
     included, so a lane sequence created and then left behind would show.
     """
     out: dict[str, Any] = {}

@@ -107,7 +107,7 @@ DELAYS = (0.0, 0.25, 1.0, 5.0, 30.0, 3600.0, -10.0)
 SNOOZE_ONLY_FROM = 20
 """From this attempt on workers only snooze, which does not count, so attempts stay bounded."""
 BACKOFF_OVERFLOWS_FROM = 43
-"""``awa.backoff_duration`` overflows from attempt 44 (reschedule.md §2.1), and at 43 whenever
+"""``awa.backoff_duration`` overflows from attempt 44 (docs/contract.md#backoff), and at 43 whenever
 its jitter is large enough (about four calls in five, on the real v040 function too). From 46
 on, the wrapped interval sometimes lands ``run_at`` in a year PostgreSQL accepts but Python's
 ``datetime`` cannot hold (before year 1): the driver then fails to read the row back, and the
@@ -727,7 +727,8 @@ class Soak:
         Writers are held at the gate while the flip to A commits and the abort takes the
         singleton; then they are let go, start their calls -- their first statements now see
         routing A committed -- and queue behind the abort. That is exactly the window in which
-        Awa 0.6's one-statement read would migrate into A after the abort (reschedule.md §3.3).
+        Awa 0.6's one-statement read would migrate into A after the abort
+        (docs/contract.md#routing-read).
         """
         a = self.config.schema_a
         self._simple(f"prepare {a}", lambda c: self.transitions.prepare(c, a))

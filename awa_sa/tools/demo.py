@@ -27,17 +27,9 @@ import sqlalchemy as sa
 from awa_sa import queue_storage as qs
 from awa_sa import reschedule_canonical_attempt
 from awa_sa.errors import DemoUnavailable, EmbeddedPostgresError
-from awa_sa.kinds import (
-    CancelledDuplicate,
-    Kind,
-    Migrated,
-    Outcome,
-    Rescheduled,
-    RetryAfter,
-    RetryBackoff,
-    Snooze,
-)
-from awa_sa.tables import job_unique_claims, jobs_hot, scheduled_jobs
+from awa_sa.kinds import Kind, Outcome, Rescheduled, RetryAfter, RetryBackoff, Snooze, Stale
+from awa_sa.tables import job_unique_claims, jobs_hot
+from awa_sa.testing import locate, running_attempt, set_phase
 from awa_sa.tools.server import embedded_postgres
 from awa_sa.tools.status import read_status_in
 
@@ -59,7 +51,7 @@ WORKER_ADVICE = {
     "CancelledDuplicate": "done; report the attempt as ignored: no retry event, no follow-up",
     "Stale": "someone else already settled this attempt; drop the result (nothing was written)",
 }
-"""What the caller of reschedule_canonical_attempt should do next, per outcome (spec §6)."""
+"""What the caller of reschedule_canonical_attempt should do next (docs/contract.md#outcomes)."""
 
 
 def _fixture_builder() -> ModuleType:
@@ -70,8 +62,27 @@ def _fixture_builder() -> ModuleType:
     except ImportError as exc:
         raise DemoUnavailable(
             f"the demo builds its schema with Alembic, which is not installed ({exc}); "
-            "run `bash .ci/setup` or `pip install alembic`"
+            "run `./dev demo` from a checkout, or `pip install awa-sa[demo]`"
         ) from exc
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A job the story claims: a kind plus the few columns the story varies."""
+
+    kind: str
+    attempt: int = 1
+    unique_key: bytes | None = None
+    unique_states: str | None = None
+    callback: bool = False
+
+
+_DUPLICATE = JobSpec(
+    "sync_invoice",
+    unique_key=hashlib.sha256(b"invoice:42").digest(),
+    unique_states=DUPLICATE_MASK,
+)
+"""Claimed before the flip; a newer sync_invoice takes its key while it runs."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,27 @@ class Claimed:
     job_id: int
     run_lease: int
     attempt: int
+
+
+def _claim(engine: sa.Engine, specs: Sequence[JobSpec]) -> list[Claimed]:
+    """Running attempts exactly as a worker's claim leaves them (the testing kit's helper)."""
+    claimed = []
+    with engine.begin() as conn:
+        for spec in specs:
+            job_id, lease = running_attempt(
+                conn,
+                kind=spec.kind,
+                queue=QUEUE,
+                args={"demo": spec.kind},
+                attempt=spec.attempt,
+                metadata={"source": "awa-sa demo"},
+                tags=["demo"],
+                unique_key=spec.unique_key,
+                unique_states=spec.unique_states,
+                callback_id=uuid.uuid4() if spec.callback else None,
+            )
+            claimed.append(Claimed(spec.kind, job_id, lease, spec.attempt))
+    return claimed
 
 
 @dataclass(frozen=True)
@@ -127,64 +159,6 @@ def _describe(kind: Kind) -> str:
     return "RetryBackoff"
 
 
-@dataclass(frozen=True)
-class JobSpec:
-    """A job to enqueue: a kind plus the few columns the story varies."""
-
-    kind: str
-    attempt: int = 0
-    unique_key: bytes | None = None
-    unique_states: str | None = None
-    callback: bool = False
-
-
-def _enqueue(conn: sa.Connection, spec: JobSpec) -> int:
-    """Insert an ``available`` canonical job, as a producer on the canonical plane does."""
-    values: dict[str, object] = {
-        "kind": spec.kind,
-        "queue": QUEUE,
-        "args": {"demo": spec.kind},
-        "state": "available",
-        "attempt": spec.attempt,
-        "max_attempts": 25,
-        "metadata": {"source": "awa-sa demo"},
-        "tags": ["demo"],
-        "unique_key": spec.unique_key,
-        "unique_states": spec.unique_states,
-    }
-    if spec.callback:
-        values["callback_id"] = uuid.uuid4()
-        values["callback_timeout_at"] = sa.func.now() + sa.text("interval '1 hour'")
-    stmt = sa.insert(jobs_hot).values(values).returning(jobs_hot.c.id)
-    return int(conn.execute(stmt).scalar_one())
-
-
-def _claim(conn: sa.Connection, names: dict[int, str]) -> list[Claimed]:
-    """Move ``available`` rows to ``running`` the way a worker's claim leaves them."""
-    t = jobs_hot
-    stmt = (
-        sa.update(t)
-        .where(t.c.id.in_(list(names)), t.c.state == "available")
-        .values(
-            state="running",
-            attempt=t.c.attempt + 1,
-            run_lease=t.c.run_lease + 1,
-            attempted_at=sa.func.now(),
-            heartbeat_at=sa.func.now(),
-            deadline_at=sa.func.now() + sa.text("interval '5 minutes'"),
-        )
-        .returning(t.c.id, t.c.run_lease, t.c.attempt)
-    )
-    claimed = {int(r.id): r for r in conn.execute(stmt)}
-    return [Claimed(names[i], i, int(claimed[i].run_lease), int(claimed[i].attempt)) for i in names]
-
-
-def _enqueue_and_claim(engine: sa.Engine, specs: Sequence[JobSpec]) -> list[Claimed]:
-    with engine.begin() as conn:
-        names = {_enqueue(conn, spec): spec.kind for spec in specs}
-        return _claim(conn, names)
-
-
 def _error_entry(job: Claimed, kind: Kind) -> dict[str, object] | None:
     """What Awa's executor appends for a failed handler; snoozes and retry-afters add none."""
     if not isinstance(kind, RetryBackoff):
@@ -204,70 +178,106 @@ def _in_seconds(run_at: datetime | None, now: datetime) -> str:
 
 
 class Walkthrough:
-    """The steps, sharing one engine and a little state (ids to complete late)."""
+    """The four steps of the story, sharing one engine and the jobs it claimed."""
 
     def __init__(self, engine: sa.Engine, emit: Emit) -> None:
         self.engine = engine
         self.emit = emit
 
-    # -- reading back ----------------------------------------------------------------------
-
-    def _now(self) -> datetime:
-        with self.engine.connect() as conn:
-            now: datetime = conn.execute(sa.select(sa.func.now())).scalar_one()
-        return now
-
-    def _located(self, job: Claimed, kind: Kind, outcome: Outcome) -> Row:
-        """Read the successor back from the table the outcome says it is in."""
-        now = self._now()
-        asks = _describe(kind)
-        name = type(outcome).__name__
-        with self.engine.connect() as conn:
-            if isinstance(outcome, Rescheduled):
-                t = scheduled_jobs
-                row = conn.execute(
-                    sa.select(t.c.state, t.c.attempt, t.c.run_at).where(t.c.id == outcome.job_id)
-                ).one()
-                where = "awa.scheduled_jobs"
-            elif isinstance(outcome, Migrated | CancelledDuplicate):
-                t = qs.deferred_jobs if isinstance(outcome, Migrated) else qs.done_entries
-                row = (
-                    conn.execution_options(schema_translate_map=qs.translate_map(QS_SCHEMA))
-                    .execute(
-                        sa.select(t.c.state, t.c.attempt, t.c.run_at).where(
-                            t.c.job_id == outcome.job_id
-                        )
-                    )
-                    .one()
-                )
-                where = f"{QS_SCHEMA}.{t.name}"
-            else:
-                still = conn.execute(
-                    sa.select(jobs_hot.c.state).where(jobs_hot.c.id == job.job_id)
-                ).scalar()
-                where = "nothing changed" if still is None else f"unchanged (jobs_hot, {still})"
-                return Row(job.name, asks, name, f"{job.job_id} -> -", "-", "-", "-", where)
-        return Row(
-            job.name,
-            asks,
-            name,
-            f"{job.job_id} -> {outcome.job_id}",
-            str(row.state),
-            str(row.attempt),
-            _in_seconds(row.run_at, now),
-            where,
+    def run(self) -> None:
+        self.emit(f"cluster: {self._status_line()}")
+        first = self.canonical_routing()
+        moved, duplicate = self.routing_flipped()
+        self.newer_duplicate(duplicate)
+        self.late_completions(first, moved)
+        self.emit("")
+        self.emit(f"cluster: {self._status_line()}")
+        self.emit(
+            "  (finalize waits until the canonical backlog is 0: "
+            "run `awa-sa status --url ...` on a real cluster)"
         )
 
-    def _run(self, jobs: Sequence[tuple[Claimed, Kind]]) -> list[Row]:
+    def canonical_routing(self) -> Claimed:
+        """Step 1; returns the snoozed job, completed late in step 4."""
+        snoozer, retrier, backer = _claim(
+            self.engine,
+            [JobSpec("send_email"), JobSpec("charge_card"), JobSpec("render_pdf", attempt=3)],
+        )
+        self._step(
+            "1. Routing is canonical: three claimed attempts are re-scheduled in place.",
+            "Each running row leaves awa.jobs_hot and lands in awa.scheduled_jobs under the SAME "
+            "id. A snooze does not count the attempt; retries do. run_at comes from the "
+            "database clock (RetryBackoff: awa.backoff_duration, with jitter).",
+            [(snoozer, Snooze(30)), (retrier, RetryAfter(45)), (backer, RetryBackoff())],
+        )
+        return snoozer
+
+    def routing_flipped(self) -> tuple[Claimed, Claimed]:
+        """Step 2: attempts claimed before the flip end after it.
+
+        Returns one that migrated (completed late in step 4) and the unique job of step 3,
+        which is claimed before the flip too.
+        """
+        mover_a, mover_b, mover_c, callback_job = _claim(
+            self.engine,
+            [
+                JobSpec("send_email"),
+                JobSpec("charge_card"),
+                JobSpec("render_pdf", attempt=3),
+                JobSpec("await_webhook", callback=True),
+            ],
+        )
+        duplicate = _claim(self.engine, [_DUPLICATE])[0]
+        with self.engine.begin() as conn:
+            set_phase(conn, "mixed_transition", QS_SCHEMA)
+        self.emit("")
+        self.emit(f"-- storage transition: prepared -> mixed_transition into schema {QS_SCHEMA}")
+        self.emit(f"cluster: {self._status_line()}")
+        self._step(
+            f"2. Routing flipped to {QS_SCHEMA}: attempts claimed before the flip migrate.",
+            "The canonical row is deleted and its successor is written to "
+            f"{QS_SCHEMA}.deferred_jobs under a FRESH id from {QS_SCHEMA}.job_id_seq (an "
+            "independent sequence, so ids may repeat across planes). A job with callback wiring "
+            "never migrates (deferred_jobs cannot carry it): it is re-scheduled canonically.",
+            [
+                (mover_a, Snooze(30)),
+                (mover_b, RetryAfter(45)),
+                (mover_c, RetryBackoff()),
+                (callback_job, Snooze(10)),
+            ],
+        )
+        return mover_a, duplicate
+
+    def newer_duplicate(self, duplicate: Claimed) -> None:
+        """Step 3: the job claimed before the flip loses its unique key to a newer one."""
+        newer_id = self._enqueue_newer_duplicate(duplicate)
+        self._step(
+            "3. A newer duplicate owns the unique key: the retry is recorded as cancelled.",
+            f"sync_invoice is unique in states {DUPLICATE_MASK} (scheduled, available, retryable "
+            "but not running), so while it ran, a newer sync_invoice "
+            f"(id {newer_id} in {QS_SCHEMA}.deferred_jobs) took the key. The retry must not "
+            f"run as well: it is recorded as a cancelled row in {QS_SCHEMA}.done_entries "
+            "and the newer job keeps the key.",
+            [(duplicate, RetryAfter(60))],
+        )
+
+    def late_completions(self, *settled: Claimed) -> None:
+        """Step 4: attempts that were already settled are completed again."""
+        self._step(
+            "4. Late completions of attempts that already moved are Stale: nothing changes.",
+            "The (id, running, run_lease) guard matches no row, so the call writes nothing, takes "
+            "no sequence value and touches no claim. The worker drops the result.",
+            list(zip(settled, (RetryBackoff(), Snooze(5)), strict=True)),
+        )
+
+    def _step(self, title: str, explain: str, jobs: Sequence[tuple[Claimed, Kind]]) -> None:
+        """Re-schedule *jobs* through the public API and print where each row landed."""
         rows = []
         for job, kind in jobs:
             outcome = reschedule_canonical_attempt(
                 self.engine, job.job_id, job.run_lease, kind, error=_error_entry(job, kind)
             )
-            rows.append(self._located(job, kind, outcome))
-        return rows
-
-    def _step(self, title: str, explain: str, rows: Sequence[Row]) -> None:
+            rows.append(self._read_back(job, kind, outcome))
         self.emit("")
         self.emit(title)
         for line in textwrap.wrap(explain, width=94):
@@ -275,8 +285,30 @@ class Walkthrough:
         self.emit("")
         for line in _table(rows):
             self.emit(line)
-        for outcome in dict.fromkeys(r.outcome for r in rows):
-            self.emit(f"  worker, on {outcome}: {WORKER_ADVICE[outcome]}")
+        for outcome_name in dict.fromkeys(r.outcome for r in rows):
+            self.emit(f"  worker, on {outcome_name}: {WORKER_ADVICE[outcome_name]}")
+
+    def _read_back(self, job: Claimed, kind: Kind, outcome: Outcome) -> Row:
+        """The successor, read back from the table the outcome says it is in."""
+        asks, name = _describe(kind), type(outcome).__name__
+        with self.engine.connect() as conn:
+            now: datetime = conn.execute(sa.select(sa.func.now())).scalar_one()
+            if isinstance(outcome, Stale):
+                ids = f"{job.job_id} -> -"
+                return Row(job.name, asks, name, ids, "-", "-", "-", "nothing changed")
+            schema = None if isinstance(outcome, Rescheduled) else QS_SCHEMA
+            found = locate(conn, outcome, schema=schema)
+        assert found is not None, f"{outcome} names a row that is not there"
+        return Row(
+            job.name,
+            asks,
+            name,
+            f"{job.job_id} -> {outcome.job_id}",
+            found.state,
+            str(found.attempt),
+            _in_seconds(found.run_at, now),
+            found.relation,
+        )
 
     def _status_line(self) -> str:
         with self.engine.connect() as conn:
@@ -286,88 +318,6 @@ class Walkthrough:
         return (
             f"phase {st.phase} (epoch {st.epoch}), new writes -> {routing}, "
             f"canonical live backlog {st.canonical_live_backlog}"
-        )
-
-    # -- the story ---------------------------------------------------------------------------
-
-    def run(self, fixture: ModuleType) -> None:
-        engine = self.engine
-        emit = self.emit
-        emit(f"cluster: {self._status_line()}")
-
-        snoozer, retrier, backer = _enqueue_and_claim(
-            engine,
-            [JobSpec("send_email"), JobSpec("charge_card"), JobSpec("render_pdf", attempt=2)],
-        )
-        self._step(
-            "1. Routing is canonical: three claimed attempts are re-scheduled in place.",
-            "Each running row leaves awa.jobs_hot and lands in awa.scheduled_jobs under the SAME "
-            "id. A snooze does not count the attempt; retries do. run_at comes from the "
-            "database clock (RetryBackoff: awa.backoff_duration, with jitter).",
-            self._run([(snoozer, Snooze(30)), (retrier, RetryAfter(45)), (backer, RetryBackoff())]),
-        )
-
-        # Claimed before the flip: these attempts are still canonical when their handlers end.
-        migrating = _enqueue_and_claim(
-            engine,
-            [
-                JobSpec("send_email"),
-                JobSpec("charge_card"),
-                JobSpec("render_pdf", attempt=2),
-                JobSpec("await_webhook", callback=True),
-                JobSpec(
-                    "sync_invoice",
-                    unique_key=hashlib.sha256(b"invoice:42").digest(),
-                    unique_states=DUPLICATE_MASK,
-                ),
-            ],
-        )
-        mover_a, mover_b, mover_c, callback_job, duplicate_job = migrating
-        with engine.begin() as conn:
-            fixture.set_phase(conn, "mixed_transition", QS_SCHEMA)
-        emit("")
-        emit(f"-- storage transition: prepared -> mixed_transition into schema {QS_SCHEMA}")
-        emit(f"cluster: {self._status_line()}")
-
-        self._step(
-            f"2. Routing flipped to {QS_SCHEMA}: attempts claimed before the flip migrate.",
-            "The canonical row is deleted and its successor is written to "
-            f"{QS_SCHEMA}.deferred_jobs under a FRESH id from {QS_SCHEMA}.job_id_seq (an "
-            "independent sequence, so ids may repeat across planes). A job with callback wiring "
-            "never migrates (deferred_jobs cannot carry it): it is re-scheduled canonically.",
-            self._run(
-                [
-                    (mover_a, Snooze(30)),
-                    (mover_b, RetryAfter(45)),
-                    (mover_c, RetryBackoff()),
-                    (callback_job, Snooze(10)),
-                ]
-            ),
-        )
-
-        newer_id = self._enqueue_newer_duplicate(duplicate_job)
-        self._step(
-            "3. A newer duplicate owns the unique key: the retry is recorded as cancelled.",
-            f"sync_invoice is unique in states {DUPLICATE_MASK} (scheduled, available, retryable "
-            "but not running), so while it ran, a newer sync_invoice "
-            f"(id {newer_id} in {QS_SCHEMA}.deferred_jobs) took the key. The retry must not "
-            f"run as well: it is recorded as a cancelled row in {QS_SCHEMA}.done_entries "
-            "and the newer job keeps the key.",
-            self._run([(duplicate_job, RetryAfter(60))]),
-        )
-
-        self._step(
-            "4. Late completions of attempts that already moved are Stale: nothing changes.",
-            "The (id, running, run_lease) guard matches no row, so the call writes nothing, takes "
-            "no sequence value and touches no claim. The worker drops the result.",
-            self._run([(snoozer, RetryBackoff()), (mover_a, Snooze(5))]),
-        )
-
-        emit("")
-        emit(f"cluster: {self._status_line()}")
-        emit(
-            "  (finalize waits until the canonical backlog is 0: "
-            "run `awa-sa status --url ...` on a real cluster)"
         )
 
     def _enqueue_newer_duplicate(self, job: Claimed) -> int:
@@ -433,7 +383,7 @@ def _walk(engine: sa.Engine, emit: Emit) -> None:
         fixture.build(conn, queue_storage_schemas=("awa", QS_SCHEMA))
     emit(f"schema: Awa v040 fixture built by Alembic on PostgreSQL {version}; queue storage in")
     emit(f"        schemas awa and {QS_SCHEMA}. Every row below is read back from the database.")
-    Walkthrough(engine, emit).run(fixture)
+    Walkthrough(engine, emit).run()
 
 
 def run(emit: Emit, server: sa.URL | None = None) -> None:

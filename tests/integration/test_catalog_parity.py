@@ -17,7 +17,6 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 from catalog_facts import (
-    SHARED_SPEC_CATALOG,
     Facts,
     cloned_database,
     diff,
@@ -39,8 +38,8 @@ _TRANSITIONS = (
     "transition_epoch bigint, details jsonb, entered_at timestamp with time zone, "
     "updated_at timestamp with time zone, finalized_at timestamp with time zone)"
 )
-_STORAGE_FUNCTIONS = "the fixture sets phases by writing rows (fixture_scope.md sections 4-5)"
-_PRODUCER = "producer path, never reached by the reschedule (fixture_scope.md section 4)"
+_STORAGE_FUNCTIONS = "the fixture sets phases by writing rows (docs/architecture.md#phases)"
+_PRODUCER = "producer path, never reached by the reschedule (docs/architecture.md#fixture)"
 
 # Catalog objects the fixture leaves out on purpose, with the reason. The parity test fails if
 # the fixture grows one of them without updating this list, or drops anything else.
@@ -68,7 +67,7 @@ OMITTED: dict[str, str] = {
     ),
     "function awa.release_queue_storage_unique_claim(p_job_id bigint, p_unique_key bytea, "
     "p_unique_states text, p_state awa.job_state) RETURNS void": (
-        "not called by the reschedule, which only acquires claims (queue_storage.md 5.4)"
+        "not called by the reschedule, which only acquires claims (docs/contract.md#claims)"
     ),
     "function awa.reserve_enqueue_seq(p_queue text, p_priority smallint, "
     "p_enqueue_shard smallint, p_count bigint) RETURNS bigint": _PRODUCER,
@@ -85,12 +84,6 @@ def catalog() -> Facts:
 @pytest.fixture(scope="module")
 def expected(catalog: Facts) -> dict[str, Facts]:
     return expected_objects(catalog)
-
-
-def test_vendored_catalog_is_the_shared_spec() -> None:
-    if not SHARED_SPEC_CATALOG.exists():
-        pytest.skip("the shared spec directory is not on this machine")
-    assert load_catalog() == load_catalog(SHARED_SPEC_CATALOG)
 
 
 @pytest.fixture(scope="module")

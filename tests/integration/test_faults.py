@@ -17,7 +17,7 @@ Faults:
   ``lock_timeout`` on the lane's advisory lock (between the savepoints) and while a transition
   holds the singleton;
   ``pg_cancel_backend`` while the call waits for the singleton;
-* serialization failures under REPEATABLE READ and SERIALIZABLE (reschedule.md §3.1): the
+* serialization failures under REPEATABLE READ and SERIALIZABLE (docs/contract.md#transactions): the
   singleton or the attempt changed since the caller's snapshot;
 * a queue ring cursor with no partition behind it, and a missing ring row.
 
@@ -66,7 +66,10 @@ from awa_sa import (
 from awa_sa_schema import set_phase
 
 QS_IDS = 900_000
-"""Fresh queue-storage ids start here, so none can equal a canonical holder's id (spec §7)."""
+"""Fresh queue-storage ids start here, so none can equal a canonical holder's id.
+
+See the id-coincidence edge in docs/contract.md#decision-table.
+"""
 
 _keys = itertools.count()
 

@@ -173,7 +173,7 @@ INTERVAL_OUT_OF_RANGE = "22008 interval out of range"
 
 
 def test_backoff_at_43_overflows_unless_the_jitter_is_small(conn: sa.Connection) -> None:
-    """Deviation from reschedule.md's table, which lists 43 as exactly 24:00:00.
+    """Attempt 43 is not a dependable 24:00:00 (docs/contract.md#observed).
 
     On PostgreSQL 15.18/x86-64 (awa-cli's own function included) 2^43 s plus a jitter above a
     few percent overflows the interval sum, so most calls fail and the rest are capped.
@@ -452,9 +452,9 @@ def _wait_until_blocked(engine: sa.Engine, pid: int) -> None:
 
 
 def test_a_read_that_waited_for_an_abort_sees_its_older_snapshot(any_engine: sa.Engine) -> None:
-    """reschedule.md 3.3: STABLE plpgsql reads with the statement's snapshot, taken before the
-    lock wait, so the one-statement form still routes to the schema the abort deactivated; the
-    two-statement form (lock, then read) sees the committed abort."""
+    """STABLE plpgsql reads with the statement's snapshot, taken before the lock wait, so the
+    one-statement form still routes to the schema the abort deactivated; the two-statement form
+    (lock, then read) sees the committed abort (docs/contract.md#routing-read)."""
     with any_engine.begin() as conn:
         awa_sa_schema.set_phase(conn, "mixed_transition", "awa_qs")
     with any_engine.connect() as aborter, any_engine.connect() as reader:
@@ -773,7 +773,7 @@ def test_sequences_only_move_forward(conn: sa.Connection, schema: str) -> None:
 
 @pytest.mark.parametrize("schema", ["awa", "awa_qs"])
 def test_lane_ensuring_as_the_reschedule_does_it(conn: sa.Connection, schema: str) -> None:
-    """The five statements of queue_storage.md section 7, twice (the second run is a no-op)."""
+    """The five statements of docs/contract.md#lanes, twice (the second run is a no-op)."""
     enqueue, claim = f"queue_enqueue_seq_{LANE_MD5}", f"queue_claim_seq_{LANE_MD5}"
     q = f'"{schema}"'
     statements = [

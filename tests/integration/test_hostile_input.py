@@ -9,7 +9,7 @@ missing schemas), written into ``storage_transition_state.details`` or the marke
 
 For every example, either
 
-* the call succeeds, and the rows read back are what the spec says (state, attempt, run_at,
+* the call succeeds, and the rows read back are what docs/contract.md says (state, attempt, run_at,
   the appended error, the progress; the successor in the right schema), or
 * it raises an :class:`awa_sa.AwaSAError` -- a :class:`ValidationError` wherever the input
   alone is at fault -- and a fingerprint of every table is exactly as before.
@@ -446,7 +446,7 @@ def test_ids_leases_and_attempts_at_the_bounds(
         assert out == Stale(), repr(out)
         return
     successor_attempt = max(attempt - 1, -SMALLINT) if tag == "snooze" else attempt
-    # reschedule.md §2.1 says backoff gives exactly 24 h up to attempt 43 and fails from 44.
+    # Backoff is not a dependable 24 h from attempt 43 (docs/contract.md#backoff).
     # On the real v040 function (and the fixture) it is random from 43 on: 2^A s plus the
     # jitter passes int64 microseconds and wraps; the result is "interval/timestamp out of
     # range", or a run_at anywhere -- even BC, which the driver cannot read back (an error

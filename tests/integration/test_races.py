@@ -3,8 +3,8 @@
 Every race is forced, never hoped for: one side takes its lock inside an open transaction, the
 other runs in a thread, and the test waits until ``pg_stat_activity`` shows the second blocked
 by the first before letting the first finish (see ``racing.py``). Each scenario runs on the
-Alembic fixture (transitions emulated as fixture_scope.md section 6 describes) and on a real
-``awa migrate`` cluster (transitions through Awa's own ``awa.storage_*`` functions).
+Alembic fixture (transitions emulated as docs/architecture.md#racing-transitions describes)
+and on a real ``awa migrate`` cluster (transitions through Awa's own ``awa.storage_*`` functions).
 
 Cloning a database costs about a second (the real template has ~2700 relations), so each test
 walks one database through several scenarios -- canonical routing first, then queue storage --
@@ -178,7 +178,7 @@ def _loser_waits_then_stale(engine: sa.Engine, schema: str | None) -> None:
 
 
 def _loser_proceeds_after_rollback(engine: sa.Engine, schema: str | None) -> None:
-    """Spec §8.1: if the first completion rolls back, the waiting one applies."""
+    """If the first completion rolls back, the waiting one applies (docs/contract.md#stale, 1)."""
     key = _key()
     job_id, lease = _seed(engine, unique_key=key, unique_states="11111000")
 
@@ -439,7 +439,8 @@ def _callback_job_first_then_abort(engine: sa.Engine, moves: Transitions) -> Non
 
 def _control_one_statement_read(engine: sa.Engine, moves: Transitions, schema: str) -> None:
     """Control: the rig does catch the hazard. Awa 0.6's one-statement locking read, blocked by
-    the same abort, returns the schema that abort has just deactivated (reschedule.md §3.3).
+    the same abort, returns the schema that abort has just deactivated
+    (docs/contract.md#routing-read).
     """
     read = sa.text(
         "SELECT awa.active_queue_storage_schema() FROM awa.storage_transition_state "

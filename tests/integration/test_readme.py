@@ -1,5 +1,8 @@
 """The README's code is run, not trusted: each Python example against a fixture database.
 
+An example may use ``job_id``/``run_lease`` and ``next_job_id``/``next_run_lease``: two running
+canonical attempts, claimed for it.
+
 A usage example that no longer matches the API is worse than none; newcomers copy it first.
 """
 
@@ -16,6 +19,7 @@ import sqlalchemy as sa
 README = Path(__file__).resolve().parents[2] / "README.md"
 EXAMPLE_URL = re.compile(r'"postgresql\+(psycopg|asyncpg)://awa@db\.internal/awa"')
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+SHELL = re.findall(r"```sh\n(.*?)```", README.read_text(), re.S)
 
 
 def claimed(engine: sa.Engine) -> tuple[int, int]:
@@ -30,10 +34,16 @@ def claimed(engine: sa.Engine) -> tuple[int, int]:
     return int(row.id), int(row.run_lease)
 
 
+def test_readme_starts_with_two_commands() -> None:
+    """A fresh machine needs exactly these two, each installing what it needs."""
+    assert SHELL[0].splitlines() == ["./dev demo", "./dev test"]
+
+
 def test_readme_has_the_usage_forms() -> None:
-    assert len(BLOCKS) == 4
+    assert len(BLOCKS) == 5
     assert "create_async_engine" in BLOCKS[2]
     assert "postgresql+asyncpg://" in BLOCKS[3]
+    assert "reschedule_canonical_attempts(" in BLOCKS[4]
 
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
@@ -45,7 +55,13 @@ def test_readme_example_runs(engine: sa.Engine, db_url: str, index: int) -> None
     with engine.begin() as conn:
         conn.exec_driver_sql("CREATE TABLE audit (job_id bigint, what text)")
     job_id, run_lease = claimed(engine)
-    namespace: dict[str, Any] = {"job_id": job_id, "run_lease": run_lease}
+    next_job_id, next_run_lease = claimed(engine)
+    namespace: dict[str, Any] = {
+        "job_id": job_id,
+        "run_lease": run_lease,
+        "next_job_id": next_job_id,
+        "next_run_lease": next_run_lease,
+    }
     runnable = code.replace(found.group(0), repr(url.render_as_string(hide_password=False)))
     exec(compile(runnable, f"README-{index}", "exec"), namespace)
     if "on_failure" in namespace:
@@ -58,10 +74,15 @@ def test_readme_example_runs(engine: sa.Engine, db_url: str, index: int) -> None
     else:
         namespace["engine"].dispose()
     with engine.connect() as conn:
-        state = conn.execute(
-            sa.text("SELECT state FROM awa.scheduled_jobs WHERE id = :id"), {"id": job_id}
-        ).scalar_one()
+        states = dict(conn.exec_driver_sql("SELECT id, state FROM awa.scheduled_jobs").all())
         audit = conn.exec_driver_sql("SELECT job_id, what FROM audit").all()
-    assert state == ("scheduled" if "Snooze(" in code else "retryable")
+    assert states[job_id] == ("scheduled" if "Snooze(" in code else "retryable")
     if "audit.insert()" in code:
         assert [tuple(r) for r in audit] == [(job_id, "Rescheduled")]
+    if "reschedule_canonical_attempts(" in code:
+        # In input order; the repeated attempt is Stale, as it would be one by one.
+        outcomes = [type(outcome).__name__ for outcome in namespace["outcomes"]]
+        assert outcomes == ["Rescheduled", "Rescheduled", "Stale"]
+        assert states[next_job_id] == "retryable"
+    else:
+        assert next_job_id not in states

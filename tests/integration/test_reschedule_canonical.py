@@ -80,7 +80,7 @@ def _check_moved(
     errors: list[Any] | None,
     progress: str | None,
 ) -> None:
-    """Row 2/3: the same id, now in scheduled_jobs, built exactly per reschedule.md section 4."""
+    """Row 2/3: the same id, now in scheduled_jobs, as docs/contract.md#canonical-move says."""
     job_id = int(before["id"])
     attempt = int(before["attempt"]) - (1 if isinstance(kind, Snooze) else 0)
     outcome = called.outcome

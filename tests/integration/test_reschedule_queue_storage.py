@@ -125,7 +125,7 @@ def _check_migrated(
     new_id: int,
     payload: str | None,
 ) -> None:
-    """Rows 7/8: a deferred job under a fresh id, per queue_storage.md section 3."""
+    """Rows 7/8: a deferred job under a fresh id, per docs/contract.md#deferred."""
     outcome = called.outcome
     attempt = _successor_attempt(kind, before)
     assert isinstance(outcome, Migrated)
@@ -444,7 +444,7 @@ def test_rows9_10_cancelled_duplicate(routed: Routed) -> None:
 
 
 def test_lane_lock_and_clock_inside_the_callers_transaction(cluster: Any) -> None:
-    """The lane advisory lock is transaction-scoped on the spec's key; finalized_at is the clock."""
+    """The lane advisory lock is transaction-scoped on Awa's key; finalized_at is the clock."""
     cluster.set_phase("mixed_transition", "awa_qs")
     with cluster.engine.begin() as conn:
         job = insert_job(
@@ -476,7 +476,7 @@ def test_lane_lock_and_clock_inside_the_callers_transaction(cluster: Any) -> Non
 
 
 def test_fresh_id_equal_to_the_holder_counts_as_our_claim(cluster: Any) -> None:
-    """reschedule.md section 7 edge: the shared claim table cannot tell the id spaces apart."""
+    """The shared claim table cannot tell the id spaces apart (docs/contract.md#decision-table)."""
     cluster.set_phase("mixed_transition", "awa_qs")
     with cluster.engine.begin() as conn:
         advance_all(conn)

@@ -1,4 +1,4 @@
-"""The statements each path sends, in order (reschedule.md §5.9, queue_storage.md §9).
+"""The statements each path sends, in order (docs/contract.md#queue-storage-order).
 
 The canonical path has a budget of two statements; the queue-storage path keeps Awa's
 observable order (claim before insert, the deferred-rows and cancelled-row savepoints, ring

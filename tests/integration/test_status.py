@@ -59,7 +59,7 @@ def add_deferred(conn: sa.Connection, schema: str, states: Sequence[str]) -> Non
         )
 
 
-# awa's CLI step that enters each phase from the one before it (fixture_scope.md section 7).
+# awa's CLI step that enters each phase from the one before it (docs/architecture.md#real-cluster).
 CLI_STEP = {
     "prepared": (
         "storage",

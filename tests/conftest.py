@@ -1,9 +1,11 @@
 """Disposable PostgreSQL for the suite: one server, two template databases, a clone per test.
 
-The server runs as the ``postgres`` account (PostgreSQL refuses root; CI is root). The fixture
-template is built once by Alembic (``awa_sa_schema.build``), the real-cluster template once by
-the published ``awa`` CLI; each test gets its own ``CREATE DATABASE ... TEMPLATE`` clone, so
-tests may commit freely and never see each other's rows.
+The server and the fixture template are the testing kit's (``awa_databases``, from the
+``pytest_awa_sa`` plugin): a throwaway server, run as the ``postgres`` account when we are root
+(PostgreSQL refuses root; CI is root), and the Alembic-built v040 fixture. The real-cluster
+template is built once on the same server by the published ``awa`` CLI. Each test gets its own
+``CREATE DATABASE ... TEMPLATE`` clone, so tests may commit freely and never see each other's
+rows.
 """
 
 from __future__ import annotations
@@ -21,16 +23,17 @@ import sqlalchemy as sa
 from pytest_postgresql.janitor import DatabaseJanitor
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-import awa_sa_schema  # built by schema/ (Alembic)
-from awa_sa.tools.server import EmbeddedPostgres, embedded_postgres
-
-FIXTURE_SCHEMAS = ("awa", "awa_qs")
+import awa_sa_schema  # built by awa_sa_schema/ (Alembic)
+from awa_sa.testing.databases import Databases
+from awa_sa.tools.server import EmbeddedPostgres
 
 
 @pytest.fixture(scope="session")
-def pg() -> Iterator[EmbeddedPostgres]:
-    with embedded_postgres() as server:
-        yield server
+def pg(awa_databases: Databases) -> EmbeddedPostgres:
+    """The session's throwaway server: the testing kit's, so a run starts one server."""
+    if awa_databases.server is None:
+        pytest.fail("the suite runs on a throwaway server; unset $AWA_SA_TEST_SERVER_URL")
+    return awa_databases.server
 
 
 def database_url(pg: EmbeddedPostgres, dbname: str, driver: str = "psycopg") -> str:
@@ -63,17 +66,9 @@ def run_awa(pg: EmbeddedPostgres, dbname: str, *args: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def fixture_template(pg: EmbeddedPostgres) -> Iterator[str]:
-    """Template database with the Alembic-built v040 fixture (queue storage in awa and awa_qs)."""
-    name = "awa_fixture_tmpl"
-    janitor = _janitor(pg, name, as_template=True)
-    janitor.init()
-    engine = sa.create_engine(database_url(pg, name), poolclass=sa.NullPool)
-    with engine.begin() as conn:
-        awa_sa_schema.build(conn, FIXTURE_SCHEMAS)
-    engine.dispose()
-    yield name
-    janitor.drop()
+def fixture_template(awa_databases: Databases) -> str:
+    """The kit's template: the Alembic-built v040 fixture, queue storage in awa and awa_qs."""
+    return awa_databases.template
 
 
 @pytest.fixture(scope="session")

@@ -6,8 +6,16 @@ from typing import NoReturn
 
 import pytest
 
+_REFUSAL = "tests/unit runs without a database server; this test belongs in tests/integration"
+
 
 @pytest.fixture(scope="session")
 def pg() -> NoReturn:
     """Shadows the session server of tests/conftest.py, and every fixture built on it."""
-    pytest.fail("tests/unit runs without a database server; this test belongs in tests/integration")
+    pytest.fail(_REFUSAL)
+
+
+@pytest.fixture(scope="session")
+def awa_databases() -> NoReturn:
+    """Shadows the testing kit's server and template, which the suite's fixtures build on."""
+    pytest.fail(_REFUSAL)

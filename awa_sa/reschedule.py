@@ -33,7 +33,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -312,8 +312,8 @@ def _rescheduled(conn: Connection, calls: Sequence[Call], rows: Sequence[Any]) -
     """Outcomes of a canonical move, or of one move per attempt when it touched nothing."""
     if len(calls) == 1:
         # One attempt (scalar binds, shared_key false): the one row is head joined to it.
-        _, _, job_id, _, run_at, attempt = rows[0]
-        return [Stale() if job_id is None else Rescheduled(job_id, run_at, attempt)]
+        row = rows[0]
+        return [Stale() if row.id is None else Rescheduled(row.id, row.run_at, row.attempt)]
     if rows[0].shared_key:
         return [_canonical(conn, [call])[0] for call in calls]
     first: dict[tuple[int, int], int] = {}
@@ -389,23 +389,39 @@ def _defer_each(
 
 
 def _claim_and_insert(conn: Connection, rows: list[Row[Any]], schema: str) -> list[Row[Any]] | None:
-    """Claim the rows' keys, then insert them, under the savepoint that keeps either undoable.
+    """Claim the rows' keys, then insert them as deferred rows, under one savepoint.
 
-    Returns ``[]`` when written, else nothing is written and the result says why: the rows whose
-    claims other jobs hold, or None for a unique violation no claim explains. A lost claim
-    leaves PostgreSQL's lock on the holder's claim row, which only rolling the savepoint back
-    releases.
+    ``[]`` when written; else nothing is written and the result says why (see
+    :func:`_claimed_then_written`).
+    """
+    claiming = [r for r in rows if _claims(r.unique_key, r.unique_states, r.state)]
+    batch, successors = _as_binds([_successor(row) for row in rows])
+    deferred = statements.insert_deferred(batch=batch)
+
+    def write() -> None:
+        execute(conn, deferred, successors, schema)
+
+    return _claimed_then_written(conn, claiming, write)
+
+
+def _claimed_then_written(
+    conn: Connection, claiming: Sequence[Row[Any]], write: Callable[[], object]
+) -> list[Row[Any]] | None:
+    """Claim *claiming*'s keys, then *write*, under a savepoint that keeps either undoable.
+
+    Returns ``[]`` when written, else nothing is written: the rows whose claims other jobs
+    hold, or None for a unique violation no claim explains. A lost claim leaves PostgreSQL's
+    lock on the holder's claim row, which only rolling the savepoint back releases. The
+    deferred rows and the cancelled row each get a savepoint of their own this way.
     """
     try:
         # Translated inside the try, so that a unique violation is caught as one.
-        with translated(), conn.begin_nested() as deferred_rows_savepoint:
-            claiming = [r for r in rows if _claims(r.unique_key, r.unique_states, r.state)]
+        with translated(), conn.begin_nested() as savepoint:
             held = _unacquired(conn, claiming)
             if held:
-                deferred_rows_savepoint.rollback()
+                savepoint.rollback()
             else:
-                batch, successors = _as_binds([_successor(row) for row in rows])
-                execute(conn, statements.insert_deferred(batch=batch), successors, schema)
+                write()
     except UniqueConflict:
         return None
     return held
@@ -454,17 +470,10 @@ def _claim_and_insert_cancelled(
 
     Under its own savepoint: False, with nothing written, when another job holds the key.
     """
-    claims = _claims(take.unique_key, take.unique_states, "cancelled")
-    try:
-        # Translated inside the try, so that a unique violation is caught as one.
-        with translated(), conn.begin_nested() as cancelled_row_savepoint:
-            if claims and _unacquired(conn, [take]):
-                cancelled_row_savepoint.rollback()
-                return False
-            execute(conn, statements.insert_cancelled(), row, schema)
-    except UniqueConflict:
-        return False
-    return True
+    claiming = [take] if _claims(take.unique_key, take.unique_states, "cancelled") else []
+    cancelled = statements.insert_cancelled()
+    written = _claimed_then_written(conn, claiming, lambda: execute(conn, cancelled, row, schema))
+    return written == []
 
 
 def _claims(unique_key: bytes | None, unique_states: str | None, state: str) -> bool:

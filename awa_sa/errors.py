@@ -109,11 +109,16 @@ def translate_db_error(exc: sqlalchemy.exc.DBAPIError) -> AwaSAError:
 
     The constraint name of a 23505 comes from the server's own report, so the claim trigger's
     ``idx_awa_jobs_unique`` and a ``*_pkey`` are told apart as Awa does. A connection that
-    SQLAlchemy found dead is :data:`CONNECTION_LOST` on every driver.
+    SQLAlchemy found dead is :data:`CONNECTION_LOST` on every driver, and so is an
+    ``OperationalError`` the server did not report (no SQLSTATE): the driver lost the connection
+    before SQLAlchemy could tell, as psycopg 3 can when the server closes the socket just as a
+    statement is sent.
     """
     if exc.connection_invalidated:
         return connection_lost(exc.orig)
     report = server_report(exc.orig)
+    if report.sqlstate is None and isinstance(exc, sqlalchemy.exc.OperationalError):
+        return connection_lost(exc.orig)
     if report.sqlstate == UNIQUE_VIOLATION:
         return UniqueConflict(report.constraint, report.message)
     return DatabaseError(report.message, report.sqlstate)

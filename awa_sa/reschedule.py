@@ -34,6 +34,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -43,7 +44,13 @@ from sqlalchemy import Connection, Engine, Row
 from awa_sa import statements
 from awa_sa.compiled import execute
 from awa_sa.drivers import check_dialect
-from awa_sa.errors import DatabaseError, UniqueConflict, ValidationError, translated
+from awa_sa.errors import (
+    CONNECTION_LOST,
+    DatabaseError,
+    UniqueConflict,
+    ValidationError,
+    translated,
+)
 from awa_sa.kinds import (
     Attempt,
     CancelledDuplicate,
@@ -243,6 +250,12 @@ def run_all(conn: Connection, calls: Sequence[Call]) -> list[Outcome]:
         return trace.outcomes
     except Exception as exc:
         trace.error = f"error {type(exc).__name__}"
+        lost = isinstance(exc, DatabaseError) and exc.sqlstate == CONNECTION_LOST
+        if lost and not conn.invalidated:
+            # Where SQLAlchemy did not notice, its next ROLLBACK (the caller's, or the Engine
+            # form's own) would fail on the dead connection with a raw driver error.
+            with suppress(Exception):
+                conn.invalidate()
         raise
     finally:
         if log.isEnabledFor(logging.DEBUG):

@@ -1,6 +1,6 @@
 """``python -m bench``: awa-sa against the raw drivers, the server's cost, distance, concurrency.
 
-Everything runs against one throwaway PostgreSQL (``awa_sa.tools.server``) with
+Everything runs against one throwaway PostgreSQL (``awa_sa.testing.server``) with
 pg_stat_statements loaded. The main database is built by ``awa migrate`` when the awa CLI is
 installed (else by the Alembic fixture) and keeps canonical routing; database ``qs`` is the
 fixture flipped into ``mixed_transition`` towards ``awa_qs``. Parts, in order:
@@ -34,7 +34,7 @@ import psycopg
 import sqlalchemy as sa
 
 from awa_sa import Attempt, reschedule_canonical_attempt, reschedule_canonical_attempts
-from awa_sa.tools.server import embedded_postgres
+from awa_sa.testing.server import embedded_postgres
 from bench import breakdown, concurrency, server_cost, variants
 from bench.measure import interleave
 from bench.proxy import Distant

@@ -22,7 +22,7 @@ from sqlalchemy.engine import Dialect
 import awa_sa_schema
 from awa_sa import RetryAfter, statements
 from awa_sa.compiled import Compiled, compiled
-from awa_sa.tools.server import EmbeddedPostgres
+from awa_sa.testing.server import EmbeddedPostgres
 
 KIND = RetryAfter(60.0)
 """Every measured call: a retry in a minute, no error appended, progress cleared."""

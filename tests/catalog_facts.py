@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from pytest_postgresql.janitor import DatabaseJanitor
 
 import awa_sa_schema
-from awa_sa.tools.server import EmbeddedPostgres
+from awa_sa.testing.server import EmbeddedPostgres
 
 # The catalog dumped from an awa-cli 0.6.9 database, shipped beside the fixture it describes.
 CATALOG_PATH = Path(awa_sa_schema.__file__).with_name("v040_catalog.json")

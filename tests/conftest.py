@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import awa_sa_schema  # built by awa_sa_schema/ (Alembic)
 from awa_sa.testing.databases import Databases
-from awa_sa.tools.server import EmbeddedPostgres
+from awa_sa.testing.server import EmbeddedPostgres
 
 
 @pytest.fixture(scope="session")

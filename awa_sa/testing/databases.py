@@ -4,7 +4,7 @@ Building the v040 fixture runs Alembic over some 1,300 lines of DDL and takes ab
 ``CREATE DATABASE ... TEMPLATE`` copies the built database in a few tens of milliseconds. So the
 schema is built once per session and each test gets a copy it may commit into and forget.
 
-The server is the throwaway one of :mod:`awa_sa.tools.server` unless the caller names an existing
+The server is the throwaway one of :mod:`awa_sa.testing.server` unless the caller names an existing
 one. There the kit needs a role with CREATEDB, and it names every database it makes with a token
 drawn per session, so concurrent sessions on one server (pytest-xdist workers, two CI jobs) never
 touch each other's databases.
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import sqlalchemy as sa
 
 from awa_sa.errors import UnusableServer
-from awa_sa.tools.server import EmbeddedPostgres
+from awa_sa.testing.server import EmbeddedPostgres
 
 FIXTURE_SCHEMAS = ("awa", "awa_qs")
 """Queue-storage substrates the template gets: the v040 default and one named schema."""

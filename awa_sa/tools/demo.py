@@ -30,7 +30,7 @@ from awa_sa.errors import DemoUnavailable, EmbeddedPostgresError
 from awa_sa.kinds import Kind, Outcome, Rescheduled, RetryAfter, RetryBackoff, Snooze, Stale
 from awa_sa.tables import job_unique_claims, jobs_hot
 from awa_sa.testing import locate, running_attempt, set_phase
-from awa_sa.tools.server import embedded_postgres
+from awa_sa.testing.server import embedded_postgres
 from awa_sa.tools.status import read_status_in
 
 Emit = Callable[[str], None]

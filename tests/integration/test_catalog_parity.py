@@ -29,7 +29,7 @@ from catalog_facts import (
 )
 
 import awa_sa_schema
-from awa_sa.tools.server import EmbeddedPostgres
+from awa_sa.testing.server import EmbeddedPostgres
 
 SCHEMAS = ("awa", "awa_qs")
 

@@ -19,7 +19,7 @@ from conftest import Cluster, database_url
 
 import awa_sa_schema
 from awa_sa.tables import jobs_hot, scheduled_jobs
-from awa_sa.tools.server import EmbeddedPostgres
+from awa_sa.testing.server import EmbeddedPostgres
 
 OUTCOMES = ("Rescheduled", "Migrated", "CancelledDuplicate", "Stale")
 

@@ -66,7 +66,7 @@ from awa_sa import (
     ValidationError,
 )
 from awa_sa.errors import CONNECTION_LOST
-from awa_sa.tools.server import EmbeddedPostgres
+from awa_sa.testing.server import EmbeddedPostgres
 
 T = TypeVar("T")
 

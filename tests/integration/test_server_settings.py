@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from awa_sa.tools.server import embedded_postgres
+from awa_sa.testing.server import embedded_postgres
 
 
 def test_extra_settings_reach_the_server_and_it_is_removed_after() -> None:

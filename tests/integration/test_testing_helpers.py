@@ -29,7 +29,7 @@ from awa_sa import (
     reschedule_canonical_attempt,
 )
 from awa_sa.testing import Location, Phase, locate, running_attempt, set_phase
-from awa_sa.tools.server import EmbeddedPostgres
+from awa_sa.testing.server import EmbeddedPostgres
 
 
 def job_row(conn: sa.Connection, job_id: int) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from conftest import database_url
 
 from awa_sa.testing.databases import NAME_PREFIX
-from awa_sa.tools.server import SCRATCH_ENVIRONMENT_VARIABLE, EmbeddedPostgres, scratch_parent
+from awa_sa.testing.server import SCRATCH_ENVIRONMENT_VARIABLE, EmbeddedPostgres, scratch_parent
 from pytest_awa_sa import SERVER_URL_ENV, SERVER_URL_OPTION
 
 pytest_plugins = ["pytester"]

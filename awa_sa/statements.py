@@ -29,6 +29,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from functools import partial, reduce, wraps
+from importlib import import_module
 from itertools import product
 from typing import Any, Literal, ParamSpec, TypeVar, get_args, get_origin, get_type_hints
 
@@ -57,7 +58,7 @@ from sqlalchemy import (
     select,
     true,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, INTERVAL, JSONB, distinct_on
+from sqlalchemy.dialects.postgresql import ARRAY, INTERVAL, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from awa_sa import queue_storage as qs
@@ -70,6 +71,11 @@ from awa_sa.tables import (
     scheduled_jobs,
     storage_transition_state,
 )
+
+_PG_DISTINCT_ON: Callable[..., Any] | None = getattr(
+    import_module("sqlalchemy.dialects.postgresql"), "distinct_on", None
+)
+"""SQLAlchemy 2.1's DISTINCT ON construct; None on 2.0."""
 
 KindTag = Literal["snooze", "retry_after", "retry_backoff"]
 """A kind as the statements see it, one per row (``b_tag``); the delay is ``b_delay``."""
@@ -174,12 +180,19 @@ def _firsts(batch: bool) -> CTE:
     items = _bound_rows("item", fields, batch, ordinality=True)
     if not batch:
         return select(items).cte("firsts")
-    return (
-        select(items)
-        .ext(distinct_on(items.c.job_id, items.c.lease))
-        .order_by(items.c.job_id, items.c.lease, items.c.ord)
-        .cte("firsts")
-    )
+    firsts = _distinct_on(select(items), items.c.job_id, items.c.lease)
+    return firsts.order_by(items.c.job_id, items.c.lease, items.c.ord).cte("firsts")
+
+
+def _distinct_on(query: Select[Any], *on: ColumnElement[Any]) -> Select[Any]:
+    """``SELECT DISTINCT ON (on...)``, spelled as each SQLAlchemy line wants it.
+
+    2.1 has ``postgresql.distinct_on`` and deprecates expressions in ``Select.distinct()``;
+    2.0 has only the latter. Both compile to the same text.
+    """
+    if _PG_DISTINCT_ON is None:
+        return query.distinct(*on)
+    return query.ext(_PG_DISTINCT_ON(*on))  # type: ignore[attr-defined,unused-ignore]
 
 
 def _guard(row: Any, firsts: CTE) -> list[ColumnElement[bool]]:

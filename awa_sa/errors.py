@@ -3,8 +3,9 @@
 * :class:`ValidationError` -- the input can never succeed. Raised before any statement runs
   where that is possible; otherwise (an invalid routing schema name, non-object metadata on the
   taken row) before anything is written, and the write that would follow is rolled back.
-* :class:`UniqueConflict` -- SQLSTATE 23505, or a claim upsert that acquired nothing. On the
-  canonical path it propagates and the attempt stays running, as in Awa (docs/contract.md#errors).
+* :class:`UniqueConflict` -- SQLSTATE 23505. On the canonical path it propagates and the
+  attempt stays running, as in Awa (docs/contract.md#errors). A claim that another job holds on
+  the queue-storage path is not an error: the attempt ends as ``CancelledDuplicate``.
 * :class:`DatabaseError` -- any other driver error (interval overflow, lock timeout,
   serialization failure, lost connection). ``sqlstate`` is exposed; ``__cause__`` is the
   SQLAlchemy exception, whose ``orig`` is the driver's own. The SQLSTATE, constraint name and
@@ -52,9 +53,10 @@ class InvalidSchemaName(ValidationError):
 
 
 class UniqueConflict(AwaSAError):
-    """Another job holds the unique key (SQLSTATE 23505, or a claim upsert that wrote no row).
+    """Another job holds the unique key (SQLSTATE 23505).
 
-    On the canonical path this propagates and the attempt stays running, as in Awa.
+    On the canonical path this propagates and the attempt stays running, as in Awa. A claim
+    upsert that acquires nothing raises nothing: that is a lost claim, ``CancelledDuplicate``.
     """
 
     def __init__(self, constraint: str | None, message: str = "") -> None:
@@ -73,35 +75,6 @@ class DatabaseError(AwaSAError):
     def __init__(self, message: str, sqlstate: str | None = None) -> None:
         super().__init__(message if sqlstate is None else f"[{sqlstate}] {message}")
         self.sqlstate = sqlstate
-
-
-class StatusError(AwaSAError):
-    """The database cannot be described as an Awa v040 cluster (``awa-sa status``)."""
-
-
-class NotAnAwaCluster(StatusError):
-    """No ``awa.schema_version`` table: ``awa migrate`` never ran against this database."""
-
-
-class UnsupportedSchemaVersion(StatusError):
-    """An Awa cluster, but not at the schema version awa-sa was written for."""
-
-    def __init__(self, version: int | None, supported: int) -> None:
-        shown = "no version rows" if version is None else f"v{version:03d}"
-        super().__init__(f"Awa schema is {shown}; awa-sa supports v{supported:03d} (awa-cli 0.6.x)")
-        self.version = version
-
-
-class EmbeddedPostgresError(AwaSAError, RuntimeError):
-    """The throwaway server could not be found, initialised or started."""
-
-
-class UnusableServer(AwaSAError, RuntimeError):
-    """The server given to the testing kit cannot host its databases (no CREATEDB, unreachable)."""
-
-
-class DemoUnavailable(AwaSAError, RuntimeError):
-    """Something the demo needs (server binaries, the Alembic fixture) is not installed."""
 
 
 def translate_db_error(exc: sqlalchemy.exc.DBAPIError) -> AwaSAError:

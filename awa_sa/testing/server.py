@@ -19,7 +19,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from awa_sa.errors import EmbeddedPostgresError
+from awa_sa.testing.errors import EmbeddedPostgresError
 
 _BINDIR_CANDIDATES = (
     "/usr/lib/postgresql/15/bin",

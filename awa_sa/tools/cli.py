@@ -20,9 +20,10 @@ from typing import NoReturn
 import click
 import sqlalchemy as sa
 
-from awa_sa.errors import AwaSAError, DemoUnavailable
+from awa_sa.errors import AwaSAError
 from awa_sa.tools import demo as demo_mod
 from awa_sa.tools import listing
+from awa_sa.tools.errors import DemoUnavailable
 from awa_sa.tools.status import ClusterStatus, read_status
 
 _CONNECT_TIMEOUT_SECS = 10

@@ -26,11 +26,12 @@ import sqlalchemy as sa
 
 from awa_sa import queue_storage as qs
 from awa_sa import reschedule_canonical_attempt
-from awa_sa.errors import DemoUnavailable, EmbeddedPostgresError
 from awa_sa.kinds import Kind, Outcome, Rescheduled, RetryAfter, RetryBackoff, Snooze, Stale
 from awa_sa.tables import job_unique_claims, jobs_hot
 from awa_sa.testing import locate, running_attempt, set_phase
+from awa_sa.testing.errors import EmbeddedPostgresError
 from awa_sa.testing.server import embedded_postgres
+from awa_sa.tools.errors import DemoUnavailable
 from awa_sa.tools.status import read_status_in
 
 Emit = Callable[[str], None]

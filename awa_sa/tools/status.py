@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 import sqlalchemy as sa
 
 from awa_sa import queue_storage
-from awa_sa.errors import InvalidSchemaName, NotAnAwaCluster, UnsupportedSchemaVersion
+from awa_sa.errors import InvalidSchemaName
 from awa_sa.tables import AWA_SCHEMA, Timestamp, jobs_hot, scheduled_jobs, storage_transition_state
+from awa_sa.tools.errors import NotAnAwaCluster, UnsupportedSchemaVersion
 
 schema_version = sa.Table(
     "schema_version",
@@ -138,7 +139,10 @@ def _translate_or_none(schema: str | None) -> dict[str | None, str | None] | Non
 
 
 def read_status_in(conn: sa.Connection) -> ClusterStatus:
-    """Read the status inside the caller's transaction; raises :class:`StatusError`."""
+    """Read the status inside the caller's transaction.
+
+    Raises :class:`~awa_sa.tools.errors.StatusError` when the database is not a v040 cluster.
+    """
     version = _check_version(conn)
     sts = storage_transition_state
     row = conn.execute(

@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 from jobs import insert_holder, insert_job, scalar
 from racing import DEFAULT_TIMEOUT, HeldTransaction, blocked_by
-from sqlalchemy import event
+from recording import recording
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import awa_sa.asyncio as awa_async
@@ -36,18 +36,9 @@ def _state(engine: sa.Engine, job: int) -> str | None:
 @pytest.fixture
 def seen(async_engine: AsyncEngine) -> Iterator[list[str]]:
     """What a tracer hooked on the sync engine records: statements' first words, BEGIN, ..."""
-    out: list[str] = []
-    sync = async_engine.sync_engine
-    hooks: list[tuple[str, Any]] = [
-        ("before_cursor_execute", lambda *a: out.append(a[2].split(maxsplit=1)[0].upper()))
-    ]
-    for name in ("begin", "commit", "rollback", "checkout", "checkin"):
-        hooks.append((name, lambda *_, name=name: out.append(name.upper())))
-    for name, hook in hooks:
-        event.listen(sync.pool if name.startswith("check") else sync, name, hook)
-    yield out
-    for name, hook in hooks:
-        event.remove(sync.pool if name.startswith("check") else sync, name, hook)
+    events = ("begin", "commit", "rollback", "checkout", "checkin")
+    with recording(async_engine.sync_engine, events=events) as out:
+        yield out
 
 
 async def test_events_fire_in_order_and_the_connection_goes_back(

@@ -25,7 +25,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable, Coroutine, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -45,6 +45,7 @@ from jobs import (
 )
 from pytest_postgresql.janitor import DatabaseJanitor
 from racing import fingerprint, held, in_thread, wait_for, wait_until_blocked
+from recording import recording
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
@@ -284,30 +285,21 @@ def _result(outcome_or_error: Any, now: datetime) -> Any:
 def _recording(face: Face, walk: Walk) -> Iterator[None]:
     """The first word of every statement sent (and BEGIN/COMMIT/ROLLBACK), and the log records."""
 
-    def statement(*args: Any) -> None:
-        walk.sent.append(args[2].split(maxsplit=1)[0].upper())
-
-    hooks: list[tuple[str, Callable[..., None]]] = [("before_cursor_execute", statement)]
-    for name in ("begin", "commit", "rollback"):
-        hooks.append((name, lambda *_, name=name: walk.sent.append(name.upper())))
-
     class Records(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            walk.records.append(
-                (record.awa_job_id, record.awa_kind, record.awa_routing, record.awa_outcome)  # type: ignore[attr-defined]
-            )
+            # The flow's `extra=` fields: attributes the LogRecord type cannot declare.
+            fields = ("awa_job_id", "awa_kind", "awa_routing", "awa_outcome")
+            walk.records.append(tuple(getattr(record, name) for name in fields))
 
     logger, handler = logging.getLogger("awa_sa"), Records()
     level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)
-    for name, hook in hooks:
-        event.listen(face.engine, name, hook)
     try:
-        yield
+        with recording(face.engine) as sent:
+            yield
+        walk.sent += sent
     finally:
-        for name, hook in hooks:
-            event.remove(face.engine, name, hook)
         logger.removeHandler(handler)
         logger.setLevel(level)
 
@@ -615,11 +607,8 @@ def _snapshot(engine: sa.Engine) -> dict[str, Any]:
         return snapshot(conn)
 
 
-@contextmanager
-def _sent(face: Face) -> Iterator[list[str]]:
-    walk = Walk()
-    with _recording(face, walk):
-        yield walk.sent
+def _sent(face: Face) -> AbstractContextManager[list[str]]:
+    return recording(face.engine)
 
 
 @pytest.mark.parametrize("driver", DRIVERS)

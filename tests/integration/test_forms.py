@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from jobs import insert_holder, insert_job, scalar, snapshot_of
-from sqlalchemy import event
+from recording import recording
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import awa_sa.asyncio as awa_async
@@ -177,20 +177,8 @@ async def test_async_connection_form(
 @pytest.fixture
 def statements(engine: sa.Engine) -> Iterator[list[str]]:
     """Every statement sent on *engine*, as its first word, plus BEGIN/COMMIT/ROLLBACK events."""
-    seen: list[str] = []
-
-    def record(*args: Any) -> None:
-        sql = args[2]
-        seen.append(sql.split(maxsplit=1)[0].upper() if sql.strip() else sql)
-
-    hooks: list[tuple[str, Any]] = [("before_cursor_execute", record)]
-    for name in ("begin", "commit", "rollback"):
-        hooks.append((name, lambda *_, name=name: seen.append(name.upper())))
-    for name, hook in hooks:
-        event.listen(engine, name, hook)
-    yield seen
-    for name, hook in hooks:
-        event.remove(engine, name, hook)
+    with recording(engine) as seen:
+        yield seen
 
 
 def test_canonical_path_is_two_statements(engine: sa.Engine, statements: list[Any]) -> None:
@@ -240,13 +228,6 @@ def test_statement_text_is_compiled_once_and_reused(
     fall-through, batches) runs once per schema to warm up; then compiling is made to fail and
     the same paths run again, sending the very string objects held in the cache.
     """
-    sent: list[str] = []
-
-    def record(*args: Any) -> None:
-        if args[4].compiled is None:  # driver SQL: the library's own (the test's are Core)
-            sent.append(args[2])
-
-    event.listen(engine, "before_cursor_execute", record)
 
     def every_path(round_: int, schema: str) -> None:
         with engine.begin() as conn:
@@ -276,13 +257,17 @@ def test_statement_text_is_compiled_once_and_reused(
     for schema in ("awa_qs", "awa"):
         every_path(0, schema)
 
+    def unchanged(sql: str) -> str:
+        """The text itself, not a label: its identity is what is checked."""
+        return sql
+
     def refuse(*args: Any) -> None:
         raise AssertionError(f"compiled again: {args[0]}")
 
     monkeypatch.setattr(compiled, "compile_statement", refuse)
-    sent.clear()
-    for schema in ("awa_qs", "awa"):
-        every_path(1, schema)
+    with recording(engine, unchanged, events=(), driver_sql_only=True) as sent:
+        for schema in ("awa_qs", "awa"):
+            every_path(1, schema)
     cached = {id(text.sql) for texts in compiled._cache.values() for text in texts.values()}
     assert len(sent) > 40
     assert all(id(sql) in cached for sql in sent)  # the very objects compiled in round 0

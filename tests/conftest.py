@@ -40,8 +40,17 @@ def database_url(pg: EmbeddedPostgres, dbname: str, driver: str = "psycopg") -> 
     return f"postgresql+{driver}://{pg.user}@{pg.host}:{pg.port}/{dbname}"
 
 
-def _janitor(pg: EmbeddedPostgres, dbname: str, **kw: object) -> DatabaseJanitor:
-    return DatabaseJanitor(user=pg.user, host=pg.host, port=pg.port, dbname=dbname, **kw)
+def _janitor(
+    pg: EmbeddedPostgres, dbname: str, *, template: str | None = None, as_template: bool = False
+) -> DatabaseJanitor:
+    return DatabaseJanitor(
+        user=pg.user,
+        host=pg.host,
+        port=pg.port,
+        dbname=dbname,
+        template_dbname=template,
+        as_template=as_template,
+    )
 
 
 def awa_cli() -> str:
@@ -93,7 +102,7 @@ def clone_database(pg: EmbeddedPostgres) -> Iterator[Callable[[str], str]]:
 
     def clone(source: str) -> str:
         name = f"t_{uuid.uuid4().hex[:16]}"
-        janitor = _janitor(pg, name, template_dbname=source)
+        janitor = _janitor(pg, name, template=source)
         janitor.init()
         janitors.append(janitor)
         return database_url(pg, name)

@@ -309,6 +309,7 @@ def test_every_item_is_validated_first_and_named_by_index(
         job = insert_job(conn)
     sent.clear()
     good = Attempt(job, 1, Snooze(1))
+    # Wrong types on purpose (hence the ignores): a caller without a type checker can pass them.
     cases: list[tuple[Any, str]] = [
         ([good, Attempt(job, 1, "snooze")], r"attempts\[1\]: kind must be"),  # type: ignore[arg-type]
         ([good, good, Attempt(job, 1, Snooze(1), error={1j})], r"attempts\[2\]: error is not"),
@@ -321,7 +322,7 @@ def test_every_item_is_validated_first_and_named_by_index(
     for attempts, message in cases:
         with pytest.raises(ValidationError, match=message):
             reschedule_canonical_attempts(engine, attempts)
-    with pytest.raises(ValidationError, match="AsyncEngine"):
+    with pytest.raises(ValidationError, match="AsyncEngine"):  # the async face's bind, on purpose
         reschedule_canonical_attempts(create_async_engine(engine.url), [good])  # type: ignore[arg-type]
     assert sent == []
     assert reschedule_canonical_attempts(engine, [good]) != [Stale()]  # the job is untouched
@@ -541,6 +542,7 @@ async def test_async_batch(engine: sa.Engine) -> None:
         outcomes = await awa_async.reschedule_canonical_attempts(aengine, items[:3])
         assert [type(o) for o in outcomes] == [Migrated] * 3
         assert await awa_async.reschedule_canonical_attempts(aengine, []) == []
+        # A kind of None and a sync bind: wrong types on purpose (hence the ignores).
         with pytest.raises(ValidationError, match=r"attempts\[0\]"):
             await awa_async.reschedule_canonical_attempts(aengine, [Attempt(1, 1, None)])  # type: ignore[arg-type]
         with pytest.raises(ValidationError, match="sync binds"):

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from jobs import insert_holder, insert_job, scalar, snapshot_of
+from jobs import canonical_state, insert_holder, insert_job, scalar, snapshot_of
 from recording import recording
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -53,11 +53,6 @@ def _new_job(engine: sa.Engine, **kw: Any) -> int:
         return insert_job(conn, **kw)
 
 
-def _state(engine: sa.Engine, job: int) -> str | None:
-    with engine.connect() as conn:
-        return scalar(conn, "SELECT state::text FROM awa.jobs_hot WHERE id = :i", i=job)
-
-
 def _own_writes(engine: sa.Engine) -> int:
     with engine.connect() as conn:
         return int(scalar(conn, OWN_WRITES))
@@ -70,7 +65,7 @@ def test_engine_form_commits_its_own_transaction(
     _set_phase(engine, phase)
     job = _new_job(engine)
     assert isinstance(reschedule_canonical_attempt(engine, job, 1, Snooze(5)), expected)
-    assert _state(engine, job) is None  # visible to a fresh connection: committed
+    assert canonical_state(engine, job) is None  # visible to a fresh connection: committed
 
 
 @pytest.mark.parametrize(("phase", "expected"), PHASES)
@@ -84,16 +79,16 @@ def test_connection_form_joins_the_callers_transaction(
         conn.execute(OWN_WRITE)  # autobegun: the caller owns this transaction
         assert isinstance(reschedule_canonical_attempt(conn, dropped, 1, Snooze(5)), expected)
         assert conn.in_transaction()
-        assert _state(engine, dropped) == "running"  # nothing committed behind our back
+        assert canonical_state(engine, dropped) == "running"  # nothing committed behind our back
         conn.rollback()
-    assert _state(engine, dropped) == "running"
+    assert canonical_state(engine, dropped) == "running"
     assert _own_writes(engine) == 0
 
     with engine.begin() as conn:
         conn.execute(OWN_WRITE)
         assert isinstance(reschedule_canonical_attempt(conn, kept, 1, Snooze(5)), expected)
-        assert _state(engine, kept) == "running"
-    assert _state(engine, kept) is None
+        assert canonical_state(engine, kept) == "running"
+    assert canonical_state(engine, kept) is None
     assert _own_writes(engine) == 1
 
 
@@ -132,7 +127,7 @@ def test_connection_form_canonical_conflict_aborts_the_callers_transaction(
         with pytest.raises(sa.exc.InternalError):  # in_failed_sql_transaction
             conn.execute(sa.text("SELECT 1"))
         conn.rollback()
-    assert _state(engine, job) == "running"
+    assert canonical_state(engine, job) == "running"
     assert _own_writes(engine) == 0
 
 
@@ -146,7 +141,7 @@ async def test_async_engine_form(
         async_engine, job, 1, RetryAfter(2.5), error={"e": 1}, progress=[1]
     )
     assert isinstance(outcome, expected)
-    assert _state(engine, job) is None
+    assert canonical_state(engine, job) is None
     assert await awa_async.reschedule_canonical_attempt(async_engine, job, 1, Snooze(1)) == Stale()
 
 
@@ -160,14 +155,14 @@ async def test_async_connection_form(
         await conn.execute(OWN_WRITE)
         outcome = await awa_async.reschedule_canonical_attempt(conn, dropped, 1, Snooze(5))
         assert isinstance(outcome, expected)
-        assert _state(engine, dropped) == "running"
+        assert canonical_state(engine, dropped) == "running"
         await conn.rollback()
-    assert _state(engine, dropped) == "running"
+    assert canonical_state(engine, dropped) == "running"
     async with async_engine.begin() as conn:
         await conn.execute(OWN_WRITE)
         outcome = await awa_async.reschedule_canonical_attempt(conn, kept, 1, Snooze(5))
         assert isinstance(outcome, expected)
-    assert _state(engine, kept) is None
+    assert canonical_state(engine, kept) is None
     assert _own_writes(engine) == 1
 
 
@@ -284,9 +279,9 @@ def test_one_debug_record_per_call(engine: sa.Engine, caplog: pytest.LogCaptureF
         with pytest.raises(UniqueConflict):
             reschedule_canonical_attempt(engine, conflict, 1, Snooze(1))
     records = [r for r in caplog.records if r.name == "awa_sa"]
-    assert [
-        (r.levelno, r.awa_job_id, r.awa_kind, r.awa_routing, r.awa_outcome) for r in records
-    ] == [  # type: ignore[attr-defined]
+    # The flow's `extra=` fields: attributes the LogRecord type cannot declare.
+    fields = ("levelno", "awa_job_id", "awa_kind", "awa_routing", "awa_outcome")
+    assert [tuple(getattr(r, name) for name in fields) for r in records] == [
         (logging.DEBUG, ok, "Snooze", "canonical", "Rescheduled"),
         (logging.DEBUG, 999, "RetryAfter", "canonical", "Stale"),
         (logging.DEBUG, conflict, "Snooze", "canonical", "error UniqueConflict"),
@@ -310,4 +305,4 @@ def test_driver_and_sqlalchemy_errors_come_out_as_database_errors(engine: sa.Eng
         reschedule_canonical_attempt(conn, job, 1, Snooze(1))
     assert closed.value.sqlstate is None
     assert isinstance(closed.value.__cause__, sa.exc.ResourceClosedError)
-    assert _state(engine, job) == "running"
+    assert canonical_state(engine, job) == "running"

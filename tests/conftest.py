@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import awa_sa_schema  # built by awa_sa_schema/ (Alembic)
 from awa_sa.testing.databases import Databases
+from awa_sa.testing.phases import PHASES
 from awa_sa.testing.server import EmbeddedPostgres
 
 
@@ -151,9 +152,6 @@ def real_engine(real_db_url: str) -> Iterator[sa.Engine]:
     yield from _engine(real_db_url)
 
 
-PHASES = ("canonical", "prepared", "mixed_transition", "active", "aborted")
-
-
 class Cluster:
     """A database plus the way to move it between storage phases.
 
@@ -169,7 +167,7 @@ class Cluster:
         self.engine = engine
         self.dbname = sa.make_url(url).database or ""
 
-    def set_phase(self, phase: str, schema: str = "awa") -> None:
+    def set_phase(self, phase: str, schema: str) -> None:
         """Move from a fresh canonical cluster to *phase*, routing to *schema* once flipped."""
         if phase not in PHASES:
             raise ValueError(phase)

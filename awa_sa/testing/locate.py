@@ -18,9 +18,7 @@ import sqlalchemy as sa
 from awa_sa.errors import ValidationError
 from awa_sa.kinds import CancelledDuplicate, Migrated, Rescheduled
 from awa_sa.queue_storage import deferred_jobs, done_entries, translate_map
-from awa_sa.tables import jobs_hot, scheduled_jobs
-
-AWA_SCHEMA = "awa"
+from awa_sa.tables import AWA_SCHEMA, jobs_hot, scheduled_jobs
 
 
 @dataclass(frozen=True, slots=True)

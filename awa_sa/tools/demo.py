@@ -232,7 +232,12 @@ class Walkthrough:
         with self.engine.begin() as conn:
             set_phase(conn, "mixed_transition", QS_SCHEMA)
         self.emit("")
-        self.emit(f"-- storage transition: prepared -> mixed_transition into schema {QS_SCHEMA}")
+        # One step from canonical: the rows `awa storage prepare` then `enter-mixed-transition`
+        # leave, written at once by the testing kit.
+        self.emit(
+            f"-- storage transition: canonical -> mixed_transition into schema {QS_SCHEMA} "
+            "(as prepare + enter-mixed-transition leave it)"
+        )
         self.emit(f"cluster: {self._status_line()}")
         self._step(
             f"2. Routing flipped to {QS_SCHEMA}: attempts claimed before the flip migrate.",

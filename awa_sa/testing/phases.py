@@ -30,6 +30,20 @@ def set_phase(conn: sa.Connection, phase: Phase, schema: str = DEFAULT_SCHEMA) -
     Phases may be skipped: ``active`` straight from canonical leaves what prepare, enter and
     finalize leave. ``aborted`` returns to canonical one epoch up, so it matches the CLI's
     ``abort`` when it follows ``prepared`` or ``mixed_transition``, as the CLI requires.
+
+    Mid-transition, a re-scheduled attempt moves to the queue-storage schema under a new id::
+
+        >>> from awa_sa import Migrated, Snooze, reschedule_canonical_attempt
+        >>> from awa_sa.testing import locate, running_attempt, set_phase
+        >>> with engine.begin() as conn:
+        ...     job_id, lease = running_attempt(conn)
+        ...     set_phase(conn, "mixed_transition")
+        >>> moved = reschedule_canonical_attempt(engine, job_id, lease, Snooze(30))
+        >>> isinstance(moved, Migrated)
+        True
+        >>> with engine.connect() as conn:
+        ...     (locate(conn, job_id), locate(conn, moved).relation)
+        (None, 'awa_qs.deferred_jobs')
     """
     # The fixture package imports Alembic; only a test that changes phase pays for that.
     from awa_sa_schema.phases import set_phase as write_phase_rows

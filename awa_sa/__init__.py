@@ -7,6 +7,7 @@ from awa_sa.errors import (
     AwaSAError,
     DatabaseError,
     InvalidSchemaName,
+    ReadOnlyTransaction,
     UniqueConflict,
     ValidationError,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "Kind",
     "Migrated",
     "Outcome",
+    "ReadOnlyTransaction",
     "Rescheduled",
     "RetryAfter",
     "RetryBackoff",

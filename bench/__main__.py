@@ -77,10 +77,12 @@ def at_distance(port: int, dbname: str, url: str, a: Any) -> dict[str, Any]:
     """Every variant through the delaying proxy, with round trips counted per call."""
     loop = asyncio.new_event_loop()
     nominal = a.rtt_ms * 500  # µs each way
+    password = sa.make_url(url).password
     with Distant(port, nominal, seconds=30) as trial:  # the proxy's own hops add a little
-        delay = max(0.0, nominal - (_added_rtt(port, trial.port, dbname) - 2 * nominal) / 2)
+        added = _added_rtt(port, trial.port, dbname, password)
+        delay = max(0.0, nominal - (added - 2 * nominal) / 2)
     with Distant(port, delay, seconds=170) as proxy:
-        added = _added_rtt(port, proxy.port, dbname)
+        added = _added_rtt(port, proxy.port, dbname, password)
         jobs = Jobs(url)
         jobs.seed(64)
         built = variants.build("127.0.0.1", proxy.port, dbname, loop, jobs)
@@ -103,11 +105,11 @@ def at_distance(port: int, dbname: str, url: str, a: Any) -> dict[str, Any]:
     }
 
 
-def _added_rtt(port: int, far: int, dbname: str) -> float:
+def _added_rtt(port: int, far: int, dbname: str, password: str | None) -> float:
     """What the proxy really adds to one round trip (sleeps overshoot): median, in µs."""
     medians = []
     for p in (port, far):
-        with psycopg.connect(f"postgresql://postgres@127.0.0.1:{p}/{dbname}") as conn:
+        with psycopg.connect(f"postgresql://postgres:{password}@127.0.0.1:{p}/{dbname}") as conn:
             times = []
             for _ in range(200):
                 start = time.perf_counter_ns()

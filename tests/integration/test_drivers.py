@@ -455,6 +455,7 @@ class Seeded:
                 user=self.pg.user,
                 host=self.pg.host,
                 port=self.pg.port,
+                password=self.pg.password,
                 dbname=name,
                 template_dbname=template,
             )
@@ -469,7 +470,7 @@ class Seeded:
 
 
 def _url(pg: EmbeddedPostgres, dbname: str) -> str:
-    return f"postgresql+psycopg://{pg.user}@{pg.host}:{pg.port}/{dbname}"
+    return pg.database_url(dbname)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,60 @@
+"""One Engine-form call on any supported driver, for tests that vary the server, not the call.
+
+Each call makes its own engine and disposes of it, so a test can point every driver at a
+database that refuses connections, a standby, or a pooler, and compare what comes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
+
+import awa_sa
+import awa_sa.asyncio as awa_async
+from awa_sa import Attempt, AwaSAError, Outcome
+
+DRIVERS = ("psycopg", "psycopg-async", "psycopg2", "pg8000", "asyncpg")
+"""Every supported driver; ``psycopg-async`` is psycopg 3 behind an AsyncEngine."""
+
+
+def driver_url(url: str | sa.URL, driver: str) -> sa.URL:
+    name = "psycopg" if driver == "psycopg-async" else driver
+    return sa.make_url(url).set(drivername=f"postgresql+{name}")
+
+
+def is_async(driver: str) -> bool:
+    return driver in ("psycopg-async", "asyncpg")
+
+
+def reschedule(
+    driver: str, url: str | sa.URL, attempts: list[Attempt], **engine_options: Any
+) -> list[Outcome]:
+    """``reschedule_canonical_attempts`` with a fresh engine of *driver* on *url*."""
+    target = driver_url(url, driver)
+    if is_async(driver):
+
+        async def go() -> list[Outcome]:
+            engine = create_async_engine(target, **engine_options)
+            try:
+                return await awa_async.reschedule_canonical_attempts(engine, attempts)
+            finally:
+                await engine.dispose()
+
+        return asyncio.run(go())
+    engine = sa.create_engine(target, **engine_options)
+    try:
+        return awa_sa.reschedule_canonical_attempts(engine, attempts)
+    finally:
+        engine.dispose()
+
+
+def refusal(driver: str, url: str | sa.URL, attempt: Attempt, **engine_options: Any) -> AwaSAError:
+    """The awa-sa error one call raises (the test fails if it succeeds or raises another)."""
+    try:
+        outcome = reschedule(driver, url, [attempt], **engine_options)
+    except AwaSAError as exc:
+        return exc
+    raise AssertionError(f"{driver}: no error, {outcome}")

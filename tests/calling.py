@@ -7,6 +7,7 @@ database that refuses connections, a standby, or a pooler, and compare what come
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import sqlalchemy as sa
@@ -14,10 +15,11 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 import awa_sa
 import awa_sa.asyncio as awa_async
-from awa_sa import Attempt, AwaSAError, Outcome
+from awa_sa import Attempt, AwaSAError, Outcome, Snooze
 
 DRIVERS = ("psycopg", "psycopg-async", "psycopg2", "pg8000", "asyncpg")
 """Every supported driver; ``psycopg-async`` is psycopg 3 behind an AsyncEngine."""
+SNOOZE = Snooze(30)
 
 
 def driver_url(url: str | sa.URL, driver: str) -> sa.URL:
@@ -58,3 +60,50 @@ def refusal(driver: str, url: str | sa.URL, attempt: Attempt, **engine_options: 
     except AwaSAError as exc:
         return exc
     raise AssertionError(f"{driver}: no error, {outcome}")
+
+
+def callers(
+    driver: str, url: str, job_ids: list[int], callers: int, engine_options: dict[str, Any]
+) -> list[str]:
+    """*callers* concurrent callers on one engine reschedule *job_ids* (lease 1) one by one;
+    the failures, as text (an empty list when every call was ``Rescheduled``). Any exception
+    counts: a misconfigured driver can fail inside itself, not only with an awa-sa error.
+
+    Module-level and picklable, so a test can run it in another process.
+    """
+    target = driver_url(url, driver)
+    errors: list[str] = []
+
+    def check(outcome: Outcome | Exception) -> None:
+        if not isinstance(outcome, awa_sa.Rescheduled):
+            errors.append(repr(outcome))
+
+    if is_async(driver):
+
+        async def go() -> None:
+            engine = create_async_engine(target, pool_size=callers, **engine_options)
+
+            async def one(job_id: int) -> None:
+                try:
+                    check(await awa_async.reschedule_canonical_attempt(engine, job_id, 1, SNOOZE))
+                except Exception as exc:
+                    check(exc)
+
+            for start in range(0, len(job_ids), callers):
+                await asyncio.gather(*(one(j) for j in job_ids[start : start + callers]))
+            await engine.dispose()
+
+        asyncio.run(go())
+        return errors
+    engine = sa.create_engine(target, pool_size=callers, **engine_options)
+
+    def one(job_id: int) -> None:
+        try:
+            check(awa_sa.reschedule_canonical_attempt(engine, job_id, 1, SNOOZE))
+        except Exception as exc:
+            check(exc)
+
+    with ThreadPoolExecutor(callers) as pool:
+        list(pool.map(one, job_ids))
+    engine.dispose()
+    return errors

@@ -179,8 +179,9 @@ _REFUSAL_CODES = (
     ("sorry, too many clients|too many connections|remaining connection slots", "53300"),
     ("database .* is not currently accepting connections", "55000"),
     ("permission denied for database", "42501"),
+    ("unsupported startup parameter", "08P01"),  # PgBouncer's, for a startup `options`
 )
-"""The server's refusals at start-up, as libpq reports them (English server messages).
+"""The server's (and PgBouncer's) refusals at start-up, as libpq reports them, in English.
 
 libpq keeps no SQLSTATE for a connection it could not open, only the server's text, so
 psycopg 3 and psycopg2 carry none; pg8000 and asyncpg keep the server's code. These messages

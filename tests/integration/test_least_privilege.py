@@ -110,5 +110,9 @@ def test_the_documented_role_is_no_superuser_and_creates_only_lane_sequences() -
     create, *grants = documented_grants()
     assert create == f"CREATE ROLE {ROLE_IN_DOCS} LOGIN PASSWORD 'change-me'"
     assert all(g.startswith("GRANT ") and g.endswith(f" TO {ROLE_IN_DOCS}") for g in grants)
-    ddl = [g for g in grants if re.search(r"\b(CREATE|ALL PRIVILEGES|TRUNCATE|REFERENCES|TRIGGER)\b", g)]
+    ddl = [
+        g
+        for g in grants
+        if re.search(r"\b(CREATE|ALL PRIVILEGES|TRUNCATE|REFERENCES|TRIGGER)\b", g)
+    ]
     assert ddl == [f"GRANT CREATE ON SCHEMA awa_qs TO {ROLE_IN_DOCS}"]

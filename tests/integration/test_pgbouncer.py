@@ -10,7 +10,9 @@ passes no per-statement switch through to psycopg 3 or asyncpg. The settings in
   through the pooler gives the outcomes, statements and rows psycopg 3 gives without it;
 * two processes of four concurrent callers each, over two server connections, end every job
   exactly once;
-* psycopg 3's and asyncpg's defaults fail there, so the advice stays true.
+* psycopg 3's and asyncpg's defaults fail there, so the advice stays true;
+* timeouts go in the caller's transaction (``SET LOCAL``): PgBouncer refuses them as startup
+  options, which every driver reports alike (08P01).
 """
 
 from __future__ import annotations
@@ -22,13 +24,15 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from calling import DRIVERS, SNOOZE, callers, driver_url, is_async
+from calling import DRIVERS, SNOOZE, callers, driver_url, is_async, refusal
 from conftest import Cluster, _janitor
 from jobs import insert_job
+from racing import fingerprint, held
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import create_async_engine
 from test_drivers import Face, Walk, _remember_pid, seed, walk
 
+from awa_sa import Attempt, DatabaseError, Rescheduled
 from awa_sa.testing.pooler import PgBouncer, find_pgbouncer, pgbouncer
 from awa_sa.testing.server import EmbeddedPostgres
 
@@ -202,3 +206,55 @@ def test_asyncpg_defaults_fail_across_processes(
     failures = errors[0] + errors[1]
     assert failures
     assert any("[26000]" in e or "[42P05]" in e for e in failures), failures
+
+
+STARTUP_TIMEOUT = {
+    "psycopg": ({"options": "-c statement_timeout=1000"}, {}),
+    "psycopg-async": ({"options": "-c statement_timeout=1000"}, {}),
+    "psycopg2": ({"options": "-c statement_timeout=1000"}, {}),
+    "pg8000": ({}, {"startup_params": {"options": "-c statement_timeout=1000"}}),
+    "asyncpg": ({}, {"server_settings": {"statement_timeout": "1000"}}),
+}
+"""A statement timeout as each driver passes it at connection start-up."""
+
+
+def test_pgbouncer_refuses_startup_timeouts_alike(bouncer: PgBouncer, db_url: str) -> None:
+    url = sa.make_url(bouncer.database_url(sa.make_url(db_url).database or ""))
+    seen = {}
+    for driver, (query, connect_args) in STARTUP_TIMEOUT.items():
+        options = {**RECOMMENDED[driver]}
+        options["connect_args"] = {**options.get("connect_args", {}), **connect_args}
+        exc = refusal(driver, url.update_query_dict(query), Attempt(1, 1, SNOOZE), **options)
+        seen[driver] = (type(exc).__name__, getattr(exc, "sqlstate", None))
+    assert seen == dict.fromkeys(DRIVERS, ("DatabaseError", "08P01"))
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_set_local_timeouts_work_through_pgbouncer(
+    driver: str, bouncer: PgBouncer, db_url: str, engine: sa.Engine
+) -> None:
+    with engine.begin() as conn:
+        job = insert_job(conn)
+    face = PooledFace(
+        driver, bouncer.database_url(sa.make_url(db_url).database or ""), RECOMMENDED[driver]
+    )
+    try:
+        before = fingerprint(engine)
+        with held(engine) as transition:
+            transition.execute(
+                "SELECT 1 FROM awa.storage_transition_state WHERE singleton FOR UPDATE"
+            )
+            for setting, sqlstate in (("lock_timeout", "55P03"), ("statement_timeout", "57014")):
+                with face.transaction() as tx:
+                    tx.execute(f"SET LOCAL {setting} = '100ms'")
+                    with pytest.raises(DatabaseError) as timed_out:
+                        tx.call(job, 1, SNOOZE)
+                    tx.rollback()
+                assert timed_out.value.sqlstate == sqlstate
+        assert fingerprint(engine) == before
+        with face.transaction() as tx:  # gone with the transaction, on whichever server conn
+            assert tx.scalar("SHOW statement_timeout") == "0"
+            assert tx.scalar("SHOW lock_timeout") == "0"
+            assert isinstance(tx.call(job, 1, SNOOZE), Rescheduled)
+    finally:
+        face.dispose()

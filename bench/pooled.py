@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -151,17 +152,20 @@ def run(server: EmbeddedPostgres, seconds: float = 30.0) -> dict[str, Any]:
         "callers": CALLERS,
         "processes": PROCESSES,
         "server_connections_pooled": SERVER_CONNECTIONS,
+        "load_average_before": os.getloadavg(),
     }
     create_database(server, "pooled", "fixture", "canonical")
     create_database(server, "direct", "fixture", "canonical")
     with pgbouncer(server, pool_size=SERVER_CONNECTIONS) as bouncer:
         out["pgbouncer"] = _load(bouncer.database_url("pooled"), seconds)
     out["direct"] = _load(database_url(server, "direct"), seconds)
+    out["load_average_after"] = os.getloadavg()
     return out
 
 
 def summary(result: dict[str, Any]) -> str:
-    lines = [f"{result['callers']} callers, {result['processes']} processes:"]
+    load = ", ".join(f"{x:.1f}" for x in result["load_average_before"])
+    lines = [f"{result['callers']} callers, {result['processes']} processes (load average {load}):"]
     for name in ("pgbouncer", "direct"):
         r = result[name]
         lines.append(
@@ -175,7 +179,7 @@ def summary(result: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.pooled", description=__doc__)
     parser.add_argument("--seconds", type=float, default=30.0)
-    parser.add_argument("--json", default="")
+    parser.add_argument("--json", default="bench/results-pooled.json")
     a = parser.parse_args()
     with embedded_postgres() as server:
         result = run(server, a.seconds)

@@ -35,31 +35,62 @@ def reschedule(
     driver: str, url: str | sa.URL, attempts: list[Attempt], **engine_options: Any
 ) -> list[Outcome]:
     """``reschedule_canonical_attempts`` with a fresh engine of *driver* on *url*."""
+    (result,) = _on_one_engine(driver, url, attempts, 1, engine_options)
+    if isinstance(result, AwaSAError):
+        raise result
+    return result
+
+
+def refusal(
+    driver: str, url: str | sa.URL, attempt: Attempt, times: int = 1, **engine_options: Any
+) -> AwaSAError:
+    """The awa-sa error a call raises; with *times*, that many calls on the same engine (the
+    pool's connection reused) must each fail, and the last error is returned."""
+    results = _on_one_engine(driver, url, [attempt], times, engine_options)
+    if not all(isinstance(r, AwaSAError) for r in results):
+        raise AssertionError(f"{driver}: not an awa-sa error every time: {results}")
+    last = results[-1]
+    assert isinstance(last, AwaSAError)
+    return last
+
+
+def _on_one_engine(
+    driver: str,
+    url: str | sa.URL,
+    attempts: list[Attempt],
+    times: int,
+    engine_options: dict[str, Any],
+) -> list[list[Outcome] | AwaSAError]:
+    """*times* calls in turn on one fresh engine; each call's outcomes or awa-sa error."""
     target = driver_url(url, driver)
+    results: list[list[Outcome] | AwaSAError] = []
     if is_async(driver):
 
-        async def go() -> list[Outcome]:
+        async def go() -> None:
             engine = create_async_engine(target, **engine_options)
             try:
-                return await awa_async.reschedule_canonical_attempts(engine, attempts)
+                for _ in range(times):
+                    try:
+                        results.append(
+                            await awa_async.reschedule_canonical_attempts(engine, attempts)
+                        )
+                    except AwaSAError as exc:
+                        results.append(exc)
             finally:
                 await engine.dispose()
 
-        return asyncio.run(go())
+        asyncio.run(go())
+        return results
     engine = sa.create_engine(target, **engine_options)
     try:
-        return awa_sa.reschedule_canonical_attempts(engine, attempts)
+        for _ in range(times):
+            try:
+                results.append(awa_sa.reschedule_canonical_attempts(engine, attempts))
+            except AwaSAError as exc:
+                results.append(exc)
     finally:
         engine.dispose()
-
-
-def refusal(driver: str, url: str | sa.URL, attempt: Attempt, **engine_options: Any) -> AwaSAError:
-    """The awa-sa error one call raises (the test fails if it succeeds or raises another)."""
-    try:
-        outcome = reschedule(driver, url, [attempt], **engine_options)
-    except AwaSAError as exc:
-        return exc
-    raise AssertionError(f"{driver}: no error, {outcome}")
+    return results
 
 
 def callers(

@@ -26,6 +26,7 @@ from awa_sa.errors import (
     AwaSAError,
     DatabaseError,
     InvalidSchemaName,
+    ReadOnlyTransaction,
     UniqueConflict,
     ValidationError,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "Kind",
     "Migrated",
     "Outcome",
+    "ReadOnlyTransaction",
     "Rescheduled",
     "RetryAfter",
     "RetryBackoff",

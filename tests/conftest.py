@@ -38,7 +38,7 @@ def pg(awa_databases: Databases) -> EmbeddedPostgres:
 
 
 def database_url(pg: EmbeddedPostgres, dbname: str, driver: str = "psycopg") -> str:
-    return f"postgresql+{driver}://{pg.user}@{pg.host}:{pg.port}/{dbname}"
+    return pg.database_url(dbname, f"postgresql+{driver}")
 
 
 def _janitor(
@@ -48,6 +48,7 @@ def _janitor(
         user=pg.user,
         host=pg.host,
         port=pg.port,
+        password=pg.password,
         dbname=dbname,
         template_dbname=template,
         as_template=as_template,
@@ -65,7 +66,7 @@ def awa_cli() -> str:
 
 def run_awa(pg: EmbeddedPostgres, dbname: str, *args: str) -> str:
     """Run the real Awa CLI against *dbname* and return its stdout."""
-    env = {**os.environ, "DATABASE_URL": f"postgres://{pg.user}@{pg.host}:{pg.port}/{dbname}"}
+    env = {**os.environ, "DATABASE_URL": pg.database_url(dbname, "postgres")}
     env.setdefault("RUST_LOG", "warn")
     proc = subprocess.run(
         [awa_cli(), *args], env=env, capture_output=True, text=True, check=False, timeout=120

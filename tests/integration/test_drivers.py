@@ -448,6 +448,7 @@ class Seeded:
                 user=self.pg.user,
                 host=self.pg.host,
                 port=self.pg.port,
+                password=self.pg.password,
                 dbname=name,
                 template_dbname=template,
             )
@@ -462,7 +463,7 @@ class Seeded:
 
 
 def _url(pg: EmbeddedPostgres, dbname: str) -> str:
-    return f"postgresql+psycopg://{pg.user}@{pg.host}:{pg.port}/{dbname}"
+    return pg.database_url(dbname)
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ from awa_sa.errors import (
     AwaSAError,
     DatabaseError,
     InvalidSchemaName,
+    NotAnAwaDatabase,
     UniqueConflict,
     ValidationError,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "InvalidSchemaName",
     "Kind",
     "Migrated",
+    "NotAnAwaDatabase",
     "Outcome",
     "Rescheduled",
     "RetryAfter",

@@ -5,6 +5,8 @@
   taken row) before anything is written, and the write that would follow is rolled back.
 * :class:`UniqueConflict` -- SQLSTATE 23505, or a claim upsert that acquired nothing. On the
   canonical path it propagates and the attempt stays running, as in Awa (docs/contract.md#errors).
+* :class:`NotAnAwaDatabase` -- a :class:`DatabaseError`: Awa's relations or functions are
+  missing (42P01, 42883 on an ``awa.`` object), so the database was never built by ``awa migrate``.
 * :class:`DatabaseError` -- any other driver error (interval overflow, lock timeout,
   serialization failure, lost connection). ``sqlstate`` is exposed; ``__cause__`` is the
   SQLAlchemy exception, whose ``orig`` is the driver's own. The SQLSTATE, constraint name and
@@ -18,6 +20,7 @@ aborted by PostgreSQL (a failed canonical statement), and the caller must roll i
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,6 +28,10 @@ from dataclasses import dataclass
 import sqlalchemy.exc
 
 UNIQUE_VIOLATION = "23505"
+UNDEFINED_OBJECTS = ("42P01", "42883")
+"""PostgreSQL's undefined_table and undefined_function."""
+_AWA_OBJECT = re.compile(r'\b"?awa\.')
+"""An object of Awa's own schema named in the server's message (``relation "awa.jobs_hot"``)."""
 CONNECTION_LOST = "08006"
 """The SQLSTATE of every lost connection (PostgreSQL's ``connection_failure``), on every driver.
 
@@ -75,6 +82,21 @@ class DatabaseError(AwaSAError):
         self.sqlstate = sqlstate
 
 
+class NotAnAwaDatabase(DatabaseError):
+    """A relation or function of Awa's schema is missing: not an Awa v040 database.
+
+    Recognised from the error of the statement that needed it, the first one of a call (a read,
+    so nothing was written), rather than checked beforehand: a check would cost every call a
+    round trip to catch a mistake made once, when a service is first pointed at a database.
+    """
+
+    def __init__(self, message: str, sqlstate: str | None = None) -> None:
+        super().__init__(
+            f"not an Awa v040 database ({message}); build it with `awa migrate` (awa-cli 0.6.x)",
+            sqlstate,
+        )
+
+
 class StatusError(AwaSAError):
     """The database cannot be described as an Awa v040 cluster (``awa-sa status``)."""
 
@@ -121,6 +143,8 @@ def translate_db_error(exc: sqlalchemy.exc.DBAPIError) -> AwaSAError:
         return connection_lost(exc.orig)
     if report.sqlstate == UNIQUE_VIOLATION:
         return UniqueConflict(report.constraint, report.message)
+    if report.sqlstate in UNDEFINED_OBJECTS and _AWA_OBJECT.search(report.message):
+        return NotAnAwaDatabase(report.message, report.sqlstate)
     return DatabaseError(report.message, report.sqlstate)
 
 

@@ -10,8 +10,16 @@ and a task. The sync engine, its pool and its events are the same either way.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable
 from typing import Any
+
+try:  # SQLAlchemy's own message would name its extra, not ours
+    importlib.import_module("greenlet")
+except ImportError as exc:
+    raise ImportError(
+        "awa_sa.asyncio needs greenlet: pip install 'awa-sa[async]' (or 'awa-sa[asyncpg]')"
+    ) from exc
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.util import greenlet_spawn

@@ -24,6 +24,7 @@ from awa_sa.kinds import (
     Stale,
 )
 from awa_sa.reschedule import reschedule_canonical_attempt, reschedule_canonical_attempts
+from awa_sa.running import RunningAttempt, running_attempts
 
 __all__ = [
     "Attempt",
@@ -38,10 +39,12 @@ __all__ = [
     "Rescheduled",
     "RetryAfter",
     "RetryBackoff",
+    "RunningAttempt",
     "Snooze",
     "Stale",
     "UniqueConflict",
     "ValidationError",
     "reschedule_canonical_attempt",
     "reschedule_canonical_attempts",
+    "running_attempts",
 ]

@@ -11,6 +11,7 @@ import json
 import logging
 import signal
 import sys
+import textwrap
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -145,10 +146,9 @@ def sql(schema: str) -> None:
         blocks = listing.render_all(schema)
     for block in blocks:
         click.echo(f"-- {block.title}")
-        if block.description:
-            for line in block.description.splitlines():
-                click.echo(f"-- {line}".rstrip())
-        click.echo(f"{block.sql};")
+        for line in textwrap.wrap(listing.plain(block.description), listing.WIDTH - 3):
+            click.echo(f"-- {line}")
+        click.echo(f"{listing.formatted(block.sql)};")
         click.echo()
 
 

@@ -189,13 +189,14 @@ def _status_lines(where: str, st: ClusterStatus) -> Iterator[str]:
 @click.option(
     "--url",
     envvar="DATABASE_URL",
-    required=True,
     metavar="URL",
     help="The Awa cluster's database (default: $DATABASE_URL).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead.")
-def status(url: str, as_json: bool) -> None:
+def status(url: str | None, as_json: bool) -> None:
     """Show the storage transition phase and the backlogs that gate finalize (read-only)."""
+    if url is None:
+        raise click.UsageError("no database given: pass --url URL, or set $DATABASE_URL")
     parsed = database_url(url)
     where = shown(parsed)
     engine = create_engine(parsed)

@@ -67,3 +67,11 @@ def test_sql_is_laid_out_for_review() -> None:
     assert "anon_" not in proc.stdout
     assert "`" not in proc.stdout
     assert "END AS state," in proc.stdout  # the successor's state, labelled as its column
+
+
+def test_status_without_a_database_names_both_ways_to_give_one() -> None:
+    proc = awa_sa_cmd("status")  # $DATABASE_URL is unset for the command
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "Error: no database given: pass --url URL, or set $DATABASE_URL"
+    )

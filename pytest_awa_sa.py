@@ -62,11 +62,14 @@ def awa_databases(request: pytest.FixtureRequest) -> Iterator[Databases]:
     from awa_sa.testing.databases import Databases
 
     url = request.config.getoption("awa_sa_server_url") or os.environ.get(SERVER_URL_ENV) or None
+    failure = None
     try:
         databases = Databases.open(url)
     except AwaSAError as exc:
         hint = "" if url else f" (or name an existing server with {SERVER_URL_OPTION})"
-        pytest.fail(f"awa_sa.testing: {exc}{hint}", pytrace=False)
+        failure = f"awa_sa.testing: {exc}{hint}"
+    if failure is not None:  # outside the except: the reason once, not chained to itself
+        pytest.fail(failure, pytrace=False)
     try:
         yield databases
     finally:

@@ -259,6 +259,29 @@ def test_a_server_without_createdb_is_refused_clearly(
     result.stdout.fnmatch_lines(["*awa_sa.testing:*lacks CREATEDB*"])
 
 
+HIDDEN_BINARIES = """
+import shutil
+
+import awa_sa.testing.server as server
+
+server._BINDIR_CANDIDATES = ()
+_which = shutil.which
+shutil.which = lambda name, *a, **k: None if name == "pg_config" else _which(name, *a, **k)
+"""
+
+
+def test_missing_binaries_are_reported_once_per_test(
+    pytester: pytest.Pytester, scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("AWA_SA_PG_BINDIR", raising=False)
+    pytester.makeconftest(HIDDEN_BINARIES)
+    pytester.makepyfile(test_needs="def test_needs(awa_url):\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(errors=1)
+    assert result.stdout.str().count("server binaries not found") == 1  # summary: truncated
+    assert "During handling" not in result.stdout.str()
+
+
 def test_xdist_workers_start_a_throwaway_server_each(
     pytester: pytest.Pytester, scratch: Path
 ) -> None:

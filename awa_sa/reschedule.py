@@ -156,10 +156,9 @@ def prepare_all(attempts: object) -> list[Call]:
 
 
 def check_bind(bind: object) -> None:
-    session = _session_type()
     if isinstance(bind, Engine | Connection):
         check_dialect(bind.dialect, is_async=False)
-    elif session is not None and isinstance(bind, session):
+    elif isinstance(bind, _session_types()):
         check_dialect(bind.get_bind().dialect, is_async=False)
     else:
         name = type(bind).__name__
@@ -169,13 +168,13 @@ def check_bind(bind: object) -> None:
         )
 
 
-def _session_type() -> type[Session] | None:
+def _session_types() -> tuple[type[Session], ...]:
     """``sqlalchemy.orm.Session``, if imported: a bind can be a Session only once it is.
 
     Importing the ORM costs 0.1 s, which a Core service should not pay for awa-sa.
     """
     orm = sys.modules.get("sqlalchemy.orm")
-    return None if orm is None else orm.Session
+    return () if orm is None else (orm.Session,)
 
 
 def reschedule_canonical_attempt(

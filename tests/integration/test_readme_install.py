@@ -1,8 +1,9 @@
 """The README's install command, run as written in a fresh venv, then its quickstart's test.
 
 A reader's first hour starts with these lines: a fresh clone, ``pip install`` with the extras the
-README shows, and the quickstart's service and test in a project of their own, run by pytest
-with nothing but what that install brought (the plugin, pytest-asyncio, asyncpg). pip's cache
+README shows, and the quickstart's service and test in a project of their own, with the async
+example beside them, run by pytest with nothing but what that install brought (the plugin,
+pytest-asyncio, asyncpg). pip's cache
 makes it quick and lets it run without a network once the dependencies have been fetched.
 """
 
@@ -47,8 +48,11 @@ def test_the_readme_install_and_quickstart_work_in_a_fresh_venv(tmp_path: Path) 
     project.mkdir()
     (project / "service.py").write_text(BLOCKS[QUICKSTART_TEST - 1])
     (project / "test_service.py").write_text(BLOCKS[QUICKSTART_TEST])
-    out = run("python -m pytest -q -p no:cacheprovider", project, env)
-    assert "1 passed" in out
+    for name in ("async_mailer.py", "test_async_mailer.py"):  # the README's async example
+        (project / name).write_text((ROOT / "examples" / name).read_text())
+    out = run("python -m pytest -v -p no:cacheprovider", project, env)
+    assert "7 passed" in out  # the quickstart, and three async tests on psycopg and on asyncpg
+    assert "[asyncpg] PASSED" in out
     modules = "asyncpg, pytest_asyncio, awa_sa.asyncio, awa_sa"
     imported = run(f"python -c 'import {modules}; print(awa_sa.__file__)'", project, env)
     assert imported.startswith(str(venv))  # the installed copy, not this checkout

@@ -41,6 +41,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine, Row
+from sqlalchemy.exc import UnboundExecutionError
 
 from awa_sa import statements
 from awa_sa.compiled import execute
@@ -159,7 +160,10 @@ def check_bind(bind: object) -> None:
     if isinstance(bind, Engine | Connection):
         check_dialect(bind.dialect, is_async=False)
     elif isinstance(bind, _session_types()):
-        check_dialect(bind.get_bind().dialect, is_async=False)
+        try:
+            check_dialect(bind.get_bind().dialect, is_async=False)
+        except UnboundExecutionError as exc:
+            raise ValidationError(f"the Session has no engine to run on: {exc}") from exc
     else:
         name = type(bind).__name__
         hint = " (use awa_sa.asyncio for it)" if name.startswith("Async") else ""

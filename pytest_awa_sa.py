@@ -11,7 +11,9 @@ Fixtures (all prefixed ``awa_`` so that they never shadow a project's own ``engi
 
 * ``awa_url`` -- URL (``postgresql+psycopg://``) of a database of the test's own, dropped after;
 * ``awa_engine`` -- a sync ``Engine`` on it, disposed after;
-* ``awa_async_engine`` -- an ``AsyncEngine`` on the same database;
+* ``awa_async_engine`` -- an ``AsyncEngine`` on the same database, on the driver named by
+* ``awa_async_driver`` -- ``"psycopg"`` unless a test parametrizes it or a project overrides it
+  (``"asyncpg"``, or each of :func:`awa_sa.testing.installed_async_drivers`);
 * ``awa_databases`` (session) -- the server and template behind them.
 
 The server is a throwaway PostgreSQL unless ``--awa-sa-server-url`` or ``$AWA_SA_TEST_SERVER_URL``
@@ -60,11 +62,14 @@ def awa_databases(request: pytest.FixtureRequest) -> Iterator[Databases]:
     from awa_sa.testing.databases import Databases
 
     url = request.config.getoption("awa_sa_server_url") or os.environ.get(SERVER_URL_ENV) or None
+    failure = None
     try:
         databases = Databases.open(url)
     except AwaSAError as exc:
         hint = "" if url else f" (or name an existing server with {SERVER_URL_OPTION})"
-        pytest.fail(f"awa_sa.testing: {exc}{hint}", pytrace=False)
+        failure = f"awa_sa.testing: {exc}{hint}"
+    if failure is not None:  # outside the except: the reason once, not chained to itself
+        pytest.fail(failure, pytrace=False)
     try:
         yield databases
     finally:
@@ -94,8 +99,18 @@ def awa_engine(awa_url: str) -> Iterator[sa.Engine]:
 
 
 @pytest.fixture
-def awa_async_engine(awa_url: str) -> AsyncEngine:
-    """An ``AsyncEngine`` (psycopg 3 async) on this test's database.
+def awa_async_driver() -> str:
+    """The driver of ``awa_async_engine``: psycopg 3, which awa-sa always installs.
+
+    A test chooses another with ``@pytest.mark.parametrize("awa_async_driver", ["asyncpg"])``;
+    a project overrides this fixture to choose for all of its tests.
+    """
+    return "psycopg"
+
+
+@pytest.fixture
+def awa_async_engine(awa_url: str, awa_async_driver: str) -> AsyncEngine:
+    """An ``AsyncEngine`` on this test's database, on the driver ``awa_async_driver`` names.
 
     It pools nothing (``NullPool``): a pooled connection belongs to the event loop that opened
     it, and this fixture cannot know which loop the test runs (pytest-asyncio, anyio,
@@ -105,4 +120,17 @@ def awa_async_engine(awa_url: str) -> AsyncEngine:
     import sqlalchemy as sa
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    return create_async_engine(awa_url, poolclass=sa.NullPool)
+    from awa_sa.drivers import ASYNC_DRIVERS
+
+    if awa_async_driver not in ASYNC_DRIVERS:
+        pytest.fail(
+            f"awa_async_driver is {awa_async_driver!r}; awa-sa's async drivers are "
+            + ", ".join(ASYNC_DRIVERS),
+            pytrace=False,
+        )
+    url = sa.make_url(awa_url).set(drivername=f"postgresql+{awa_async_driver}")
+    try:
+        return create_async_engine(url, poolclass=sa.NullPool)
+    except ImportError as exc:
+        extra = "asyncpg" if awa_async_driver == "asyncpg" else "async"
+        pytest.fail(f"awa_async_engine: {exc} (pip install 'awa-sa[{extra}]')", pytrace=False)

@@ -26,6 +26,7 @@ from awa_sa.errors import (
     AwaSAError,
     DatabaseError,
     InvalidSchemaName,
+    NotAnAwaDatabase,
     ReadOnlyTransaction,
     UniqueConflict,
     ValidationError,
@@ -43,6 +44,7 @@ from awa_sa.kinds import (
     Stale,
 )
 from awa_sa.reschedule import reschedule_canonical_attempt, reschedule_canonical_attempts
+from awa_sa.running import RunningAttempt, running_attempts
 
 __all__ = [
     "Attempt",
@@ -52,15 +54,18 @@ __all__ = [
     "InvalidSchemaName",
     "Kind",
     "Migrated",
+    "NotAnAwaDatabase",
     "Outcome",
     "ReadOnlyTransaction",
     "Rescheduled",
     "RetryAfter",
     "RetryBackoff",
+    "RunningAttempt",
     "Snooze",
     "Stale",
     "UniqueConflict",
     "ValidationError",
     "reschedule_canonical_attempt",
     "reschedule_canonical_attempts",
+    "running_attempts",
 ]

@@ -10,10 +10,18 @@ and a task. The sync engine, its pool and its events are the same either way.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+try:  # SQLAlchemy's own message would name its extra, not ours
+    importlib.import_module("greenlet")
+except ImportError as exc:
+    raise ImportError(
+        "awa_sa.asyncio needs greenlet: pip install 'awa-sa[async]' (or 'awa-sa[asyncpg]')"
+    ) from exc
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.util import greenlet_spawn
 
 from awa_sa import reschedule
@@ -26,7 +34,7 @@ __all__ = ["reschedule_canonical_attempt", "reschedule_canonical_attempts"]
 
 
 async def reschedule_canonical_attempt(
-    bind: AsyncEngine | AsyncConnection,
+    bind: AsyncEngine | AsyncConnection | AsyncSession,
     job_id: int,
     run_lease: int,
     kind: Kind,
@@ -35,6 +43,9 @@ async def reschedule_canonical_attempt(
     progress: Any = None,
 ) -> Outcome:
     """Async :func:`awa_sa.reschedule_canonical_attempt`; same arguments, outcomes and errors.
+
+    An ``AsyncSession`` joins its current transaction, as an ``AsyncConnection`` does, and is
+    never committed here.
 
     Input is validated before a connection is even checked out. With ``engine``'s database
     reached through an ``AsyncEngine`` (psycopg 3 here; asyncpg works alike)::
@@ -62,7 +73,7 @@ async def reschedule_canonical_attempt(
 
 
 async def reschedule_canonical_attempts(
-    bind: AsyncEngine | AsyncConnection, attempts: Iterable[Attempt]
+    bind: AsyncEngine | AsyncConnection | AsyncSession, attempts: Iterable[Attempt]
 ) -> list[Outcome]:
     """Async :func:`awa_sa.reschedule_canonical_attempts`; same arguments, outcomes and errors."""
     _check_bind(bind)
@@ -71,16 +82,23 @@ async def reschedule_canonical_attempts(
 
 
 def _check_bind(bind: object) -> None:
-    if not isinstance(bind, AsyncEngine | AsyncConnection):
+    if isinstance(bind, AsyncEngine | AsyncConnection):
+        check_dialect(bind.dialect, is_async=True)
+    elif isinstance(bind, AsyncSession):
+        check_dialect(bind.get_bind().dialect, is_async=True)
+    else:
         raise ValidationError(
-            "bind must be a sqlalchemy AsyncEngine or AsyncConnection, got "
+            "bind must be a sqlalchemy AsyncEngine, AsyncConnection or AsyncSession, got "
             f"{type(bind).__name__} (use the awa_sa functions for sync binds)"
         )
-    check_dialect(bind.dialect, is_async=True)
 
 
-async def _within(bind: AsyncEngine | AsyncConnection, calls: list[Call]) -> list[Outcome]:
+async def _within(
+    bind: AsyncEngine | AsyncConnection | AsyncSession, calls: list[Call]
+) -> list[Outcome]:
     if isinstance(bind, AsyncEngine):
         return await greenlet_spawn(reschedule.within, bind.sync_engine, calls)
-    with translated():  # a connection that died under run_sync
+    with translated():  # a connection that died under run_sync, or a Session's autobegin
+        if isinstance(bind, AsyncSession):
+            bind = await bind.connection()
         return await bind.run_sync(run_all, calls)

@@ -6,6 +6,8 @@
 * :class:`UniqueConflict` -- SQLSTATE 23505. On the canonical path it propagates and the
   attempt stays running, as in Awa (docs/contract.md#errors). A claim that another job holds on
   the queue-storage path is not an error: the attempt ends as ``CancelledDuplicate``.
+* :class:`NotAnAwaDatabase` -- a :class:`DatabaseError`: Awa's relations or functions are
+  missing (42P01, 42883 on an ``awa.`` object), so the database was never built by ``awa migrate``.
 * :class:`DatabaseError` -- any other driver error (interval overflow, lock timeout,
   serialization failure, lost connection, refused connection). ``sqlstate`` is exposed;
   ``__cause__`` is the SQLAlchemy exception, whose ``orig`` is the driver's own. The SQLSTATE,
@@ -35,6 +37,10 @@ from sqlalchemy.engine import Dialect
 
 UNIQUE_VIOLATION = "23505"
 READ_ONLY = "25006"
+UNDEFINED_OBJECTS = ("42P01", "42883")
+"""PostgreSQL's undefined_table and undefined_function."""
+_AWA_OBJECT = re.compile(r'\b"?awa\.')
+"""An object of Awa's own schema named in the server's message (``relation "awa.jobs_hot"``)."""
 CONNECTION_LOST = "08006"
 """The SQLSTATE of a connection lost during a call (PostgreSQL's ``connection_failure``).
 
@@ -103,6 +109,21 @@ class ReadOnlyTransaction(DatabaseError):
     """
 
 
+class NotAnAwaDatabase(DatabaseError):
+    """A relation or function of Awa's schema is missing: not an Awa v040 database.
+
+    Recognised from the error of the statement that needed it, the first one of a call (a read,
+    so nothing was written), rather than checked beforehand: a check would cost every call a
+    round trip to catch a mistake made once, when a service is first pointed at a database.
+    """
+
+    def __init__(self, message: str, sqlstate: str | None = None) -> None:
+        super().__init__(
+            f"not an Awa v040 database ({message}); build it with `awa migrate` (awa-cli 0.6.x)",
+            sqlstate,
+        )
+
+
 def translate_db_error(exc: sqlalchemy.exc.DBAPIError) -> AwaSAError:
     """The awa-sa error for a driver error; the caller raises it ``from exc``.
 
@@ -124,6 +145,8 @@ def translate_db_error(exc: sqlalchemy.exc.DBAPIError) -> AwaSAError:
         return UniqueConflict(report.constraint, report.message)
     if report.sqlstate == READ_ONLY:
         return ReadOnlyTransaction(report.message, READ_ONLY)
+    if report.sqlstate in UNDEFINED_OBJECTS and _AWA_OBJECT.search(report.message):
+        return NotAnAwaDatabase(report.message, report.sqlstate)
     return DatabaseError(report.message, report.sqlstate)
 
 

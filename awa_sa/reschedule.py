@@ -32,14 +32,16 @@ from __future__ import annotations
 import json
 import logging
 import re
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine, Row
+from sqlalchemy.exc import UnboundExecutionError
 
 from awa_sa import statements
 from awa_sa.compiled import execute
@@ -66,6 +68,9 @@ from awa_sa.kinds import (
 )
 from awa_sa.queue_storage import translate_map
 from awa_sa.tables import JOB_STATES
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 log = logging.getLogger("awa_sa")
 
@@ -152,16 +157,32 @@ def prepare_all(attempts: object) -> list[Call]:
 
 
 def check_bind(bind: object) -> None:
-    if not isinstance(bind, Engine | Connection):
+    if isinstance(bind, Engine | Connection):
+        check_dialect(bind.dialect, is_async=False)
+    elif isinstance(bind, _session_types()):
+        try:
+            check_dialect(bind.get_bind().dialect, is_async=False)
+        except UnboundExecutionError as exc:
+            raise ValidationError(f"the Session has no engine to run on: {exc}") from exc
+    else:
+        name = type(bind).__name__
+        hint = " (use awa_sa.asyncio for it)" if name.startswith("Async") else ""
         raise ValidationError(
-            f"bind must be a sqlalchemy Engine or Connection, got {type(bind).__name__}"
-            " (use awa_sa.asyncio for AsyncEngine/AsyncConnection)"
+            f"bind must be a sqlalchemy Engine, Connection or Session, got {name}{hint}"
         )
-    check_dialect(bind.dialect, is_async=False)
+
+
+def _session_types() -> tuple[type[Session], ...]:
+    """``sqlalchemy.orm.Session``, if imported: a bind can be a Session only once it is.
+
+    Importing the ORM costs 0.1 s, which a Core service should not pay for awa-sa.
+    """
+    orm = sys.modules.get("sqlalchemy.orm")
+    return () if orm is None else (orm.Session,)
 
 
 def reschedule_canonical_attempt(
-    bind: Engine | Connection,
+    bind: Engine | Connection | Session,
     job_id: int,
     run_lease: int,
     kind: Kind,
@@ -171,9 +192,10 @@ def reschedule_canonical_attempt(
 ) -> Outcome:
     """Re-schedule the running canonical attempt ``(job_id, run_lease)`` as *kind* asks.
 
-    ``bind`` is an ``Engine`` (own transaction, committed on success) or a ``Connection`` (joins
-    the caller's transaction, which is never committed here). ``error`` is one JSON value to
-    append to the error list; ``progress`` replaces the stored progress (None clears it).
+    ``bind`` is an ``Engine`` (own transaction, committed on success), or a ``Connection`` or
+    ORM ``Session`` (joins the caller's transaction, which is never committed here: commit it).
+    ``error`` is one JSON value to append to the error list; ``progress`` replaces the stored
+    progress (None clears it).
 
     Raises :class:`~awa_sa.errors.ValidationError`, :class:`~awa_sa.errors.UniqueConflict` or
     :class:`~awa_sa.errors.DatabaseError`; see :mod:`awa_sa.errors` for what each leaves behind.
@@ -183,7 +205,7 @@ def reschedule_canonical_attempt(
 
 
 def reschedule_canonical_attempts(
-    bind: Engine | Connection, attempts: Iterable[Attempt]
+    bind: Engine | Connection | Session, attempts: Iterable[Attempt]
 ) -> list[Outcome]:
     """Re-schedule many running canonical attempts in one transaction; one outcome per item.
 
@@ -216,11 +238,16 @@ def reschedule_canonical_attempts(
     return within(bind, calls) if calls else []
 
 
-def within(bind: Engine | Connection, calls: list[Call]) -> list[Outcome]:
+def within(bind: Engine | Connection | Session, calls: list[Call]) -> list[Outcome]:
     """The Engine form (own connection and transaction, committed) or the Connection form.
 
-    Also the AsyncEngine form, run whole in one greenlet by :mod:`awa_sa.asyncio`.
+    A Session is the Connection form on the connection of its current transaction (begun if
+    none is), savepoint included. Also the AsyncEngine form, run whole in one greenlet by
+    :mod:`awa_sa.asyncio`.
     """
+    if not isinstance(bind, Engine | Connection):
+        with translated():  # a Session's autobegin checks a connection out
+            bind = bind.connection()
     if isinstance(bind, Engine):
         # Engine.begin() without its generator-based context manager; checkout, BEGIN and
         # COMMIT translated too.

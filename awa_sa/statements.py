@@ -413,7 +413,11 @@ def _scheduled_successor(taken: CTE) -> list[ColumnElement[Any]]:
         "errors": _errors_after(taken),
         "progress": cast(taken.c.new_progress, JSONB),
     }
-    return [changed.get(c.name, taken.c[c.name]) for c in scheduled_jobs.c]
+    # Labelled with the column each fills, so the compiled text (``awa-sa sql``) reads as such.
+    return [
+        changed[c.name].label(c.name) if c.name in changed else taken.c[c.name]
+        for c in scheduled_jobs.c
+    ]
 
 
 def _insert_scheduled(taken: CTE) -> CTE:
@@ -746,8 +750,8 @@ def _insert_terminal_delta(done: CTE) -> CTE:
             [*key, "counter_bucket", "terminal_delta"],
             select(
                 *(done.c[name] for name in key),
-                _counter_bucket(done.c.job_id),
-                cast(literal_column("1"), BigInteger),
+                _counter_bucket(done.c.job_id).label("counter_bucket"),
+                cast(literal_column("1"), BigInteger).label("terminal_delta"),
             ),
         )
         .returning(deltas.c.ready_slot)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -25,9 +26,14 @@ from awa_sa.errors import ValidationError
 DEFAULT_UNIQUE_STATES = "11111000"
 """Awa's default mask: the key is held while scheduled, available, running, completed, retryable."""
 
+NOT_WHILE_RUNNING = "11001000"
+"""A mask that claims the key while scheduled, available and retryable, but not while running."""
+
 DEFAULT_DEADLINE_SECS = 300.0
 DEFAULT_CALLBACK_TIMEOUT_SECS = 3600.0
 
+# unique_states goes in as text: asyncpg wants a BitString for a bit(8) parameter, and a helper
+# that works only on psycopg would fail an asyncpg service's tests.
 _INSERT = sa.text(
     """
     INSERT INTO awa.jobs_hot (
@@ -40,7 +46,7 @@ _INSERT = sa.text(
         now(), now(), now(), now(),
         now() + make_interval(secs => CAST(:deadline_secs AS double precision)), :finalized_at,
         CAST(:errors AS jsonb[]), CAST(:metadata AS jsonb), CAST(:tags AS text[]), :unique_key,
-        CAST(:unique_states AS bit(8)), :callback_id,
+        CAST(CAST(:unique_states AS text) AS bit(8)), :callback_id,
         now() + make_interval(secs => CAST(:callback_timeout_secs AS double precision)),
         :callback_filter, :callback_on_complete, :callback_on_fail, :callback_transform,
         :run_lease, CAST(:progress AS jsonb)
@@ -140,3 +146,41 @@ def running_attempt(
         },
     ).one()
     return int(row.id), int(row.run_lease)
+
+
+@dataclass(frozen=True, slots=True)
+class ContestedAttempt:
+    """A running attempt, and the newer duplicate that holds the unique key it will want back."""
+
+    job_id: int
+    run_lease: int
+    holder_id: int
+
+
+def contested_attempt(
+    conn: sa.Connection,
+    *,
+    unique_key: bytes = b"contested",
+    kind: str = "example_job",
+    queue: str = "default",
+    args: Any = None,
+) -> ContestedAttempt:
+    """A running attempt whose unique key a newer duplicate holds; commit to publish both.
+
+    Awa's ``unique_states`` mask says in which states a job holds its key. The attempt's mask
+    (:data:`NOT_WHILE_RUNNING`) lets go of the key while it runs, so a newer job with the same
+    key was accepted and holds it (Awa's default mask, running). Re-scheduling the attempt needs
+    the key back: on the canonical plane that raises ``UniqueConflict`` and the attempt stays
+    running; once routing points at queue storage the outcome is ``CancelledDuplicate``, and the
+    newer job keeps the key either way.
+    """
+    job_id, run_lease = running_attempt(
+        conn,
+        kind=kind,
+        queue=queue,
+        args=args,
+        unique_key=unique_key,
+        unique_states=NOT_WHILE_RUNNING,
+    )
+    holder_id, _ = running_attempt(conn, kind=kind, queue=queue, args=args, unique_key=unique_key)
+    return ContestedAttempt(job_id, run_lease, holder_id)

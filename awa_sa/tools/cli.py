@@ -11,6 +11,7 @@ import json
 import logging
 import signal
 import sys
+import textwrap
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -146,10 +147,9 @@ def sql(schema: str) -> None:
         blocks = listing.render_all(schema)
     for block in blocks:
         click.echo(f"-- {block.title}")
-        if block.description:
-            for line in block.description.splitlines():
-                click.echo(f"-- {line}".rstrip())
-        click.echo(f"{block.sql};")
+        for line in textwrap.wrap(listing.plain(block.description), listing.WIDTH - 3):
+            click.echo(f"-- {line}")
+        click.echo(f"{listing.formatted(block.sql)};")
         click.echo()
 
 
@@ -205,13 +205,14 @@ def _status_lines(where: str, st: ClusterStatus) -> Iterator[str]:
 @click.option(
     "--url",
     envvar="DATABASE_URL",
-    required=True,
     metavar="URL",
     help="The Awa cluster's database (default: $DATABASE_URL).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead.")
-def status(url: str, as_json: bool) -> None:
+def status(url: str | None, as_json: bool) -> None:
     """Show the storage transition phase and the backlogs that gate finalize (read-only)."""
+    if url is None:
+        raise click.UsageError("no database given: pass --url URL, or set $DATABASE_URL")
     parsed = database_url(url)
     where = shown(parsed)
     engine = create_engine(parsed)

@@ -9,7 +9,10 @@ A usage example that no longer matches the API is worse than none; newcomers cop
 from __future__ import annotations
 
 import asyncio
+import inspect
 import re
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,8 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 EXAMPLE_URL = re.compile(r'"postgresql\+(psycopg|asyncpg)://awa@db\.internal/awa"')
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
 SHELL = re.findall(r"```sh\n(.*?)```", README.read_text(), re.S)
+QUICKSTART_TEST = 1
+"""The quickstart's test; the block before it is the service it imports."""
 
 
 def claimed(engine: sa.Engine) -> tuple[int, int]:
@@ -34,19 +39,44 @@ def claimed(engine: sa.Engine) -> tuple[int, int]:
     return int(row.id), int(row.run_lease)
 
 
-def test_readme_starts_with_two_commands() -> None:
-    """A fresh machine needs exactly these two, each installing what it needs."""
-    assert SHELL[0].splitlines() == ["./dev demo", "./dev test"]
+def test_readme_starts_with_an_install_from_a_checkout() -> None:
+    """The package is on no index: the first command a reader copies must work as it stands."""
+    assert SHELL[0].splitlines() == [
+        "git clone <this repository> awa-sa",
+        "pip install './awa-sa[asyncpg,testing]'",
+    ]
 
 
 def test_readme_has_the_usage_forms() -> None:
-    assert len(BLOCKS) == 5
-    assert "create_async_engine" in BLOCKS[2]
-    assert "postgresql+asyncpg://" in BLOCKS[3]
-    assert "reschedule_canonical_attempts(" in BLOCKS[4]
+    assert len(BLOCKS) == 7
+    assert "def test_" in BLOCKS[QUICKSTART_TEST]
+    assert "create_async_engine" in BLOCKS[4]
+    assert "postgresql+asyncpg://" in BLOCKS[5]
+    assert "reschedule_canonical_attempts(" in BLOCKS[6]
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
+def test_the_quickstart_test_passes(db_url: str, engine: sa.Engine) -> None:
+    """The quickstart's service, imported as ``service``, and its test, run as pytest would."""
+    service = types.ModuleType("service")
+    code = BLOCKS[QUICKSTART_TEST - 1]
+    found = EXAMPLE_URL.search(code)
+    assert found is not None
+    exec(
+        compile(code.replace(found.group(0), repr(db_url)), "README-service", "exec"), vars(service)
+    )
+    sys.modules["service"] = service
+    try:
+        namespace: dict[str, Any] = {}
+        exec(compile(BLOCKS[QUICKSTART_TEST], "README-test", "exec"), namespace)
+        tests = [value for name, value in namespace.items() if name.startswith("test_")]
+        assert len(tests) == 1
+        tests[0](awa_engine=engine)
+    finally:
+        del sys.modules["service"]
+        service.engine.dispose()
+
+
+@pytest.mark.parametrize("index", [i for i in range(len(BLOCKS)) if i != QUICKSTART_TEST])
 def test_readme_example_runs(engine: sa.Engine, db_url: str, index: int) -> None:
     code = BLOCKS[index]
     found = EXAMPLE_URL.search(code)
@@ -64,13 +94,17 @@ def test_readme_example_runs(engine: sa.Engine, db_url: str, index: int) -> None
     }
     runnable = code.replace(found.group(0), repr(url.render_as_string(hide_password=False)))
     exec(compile(runnable, f"README-{index}", "exec"), namespace)
-    if "on_failure" in namespace:
+    if inspect.iscoroutinefunction(namespace.get("on_failure")):
 
         async def call() -> None:
             await namespace["on_failure"](job_id, run_lease, 1, TimeoutError("upstream"))
             await namespace["engine"].dispose()
 
         asyncio.run(call())
+    elif "on_failure" in namespace:  # the quickstart's service
+        outcome = namespace["on_failure"](namespace["engine"], job_id, run_lease, OSError("down"))
+        assert type(outcome).__name__ == "Rescheduled"
+        namespace["engine"].dispose()
     else:
         namespace["engine"].dispose()
     with engine.connect() as conn:

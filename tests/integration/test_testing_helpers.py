@@ -25,10 +25,18 @@ from awa_sa import (
     RetryBackoff,
     Snooze,
     Stale,
+    UniqueConflict,
     ValidationError,
     reschedule_canonical_attempt,
 )
-from awa_sa.testing import Location, Phase, locate, running_attempt, set_phase
+from awa_sa.testing import (
+    Location,
+    Phase,
+    contested_attempt,
+    locate,
+    running_attempt,
+    set_phase,
+)
 from awa_sa.testing.server import EmbeddedPostgres
 
 
@@ -336,3 +344,26 @@ def test_set_phase_leaves_what_the_awa_storage_commands_leave(
     with engine.connect() as conn:
         assert kit == transition(conn)
     engine.dispose()
+
+
+def test_a_contested_attempt_conflicts_then_is_cancelled_as_a_duplicate(
+    awa_engine: sa.Engine,
+) -> None:
+    with awa_engine.begin() as conn:
+        first = contested_attempt(conn, unique_key=b"ada@example.com", kind="send_email")
+        second = contested_attempt(conn, unique_key=b"bob@example.com", kind="send_email")
+        assert claims(conn) == [
+            (b"ada@example.com", first.holder_id),
+            (b"bob@example.com", second.holder_id),
+        ]
+    assert first.holder_id > first.job_id  # the newer duplicate
+    with pytest.raises(UniqueConflict) as conflict:
+        reschedule_canonical_attempt(awa_engine, first.job_id, first.run_lease, Snooze(5))
+    assert conflict.value.constraint == "idx_awa_jobs_unique"
+    with awa_engine.begin() as conn:
+        assert job_row(conn, first.job_id)["state"] == "running"  # until rescue, as in Awa
+        set_phase(conn, "mixed_transition")
+    outcome = reschedule_canonical_attempt(awa_engine, second.job_id, second.run_lease, Snooze(5))
+    assert isinstance(outcome, CancelledDuplicate)
+    with awa_engine.connect() as conn:
+        assert claims(conn)[-1] == (b"bob@example.com", second.holder_id)

@@ -145,6 +145,55 @@ def test_a_project_using_the_fixtures_passes_fails_and_is_isolated(
     assert list(scratch.iterdir()) == []  # the throwaway server is gone
 
 
+ASYNC_PROJECT = """
+import pytest
+import sqlalchemy as sa
+
+from awa_sa import CancelledDuplicate, UniqueConflict, Snooze
+from awa_sa.asyncio import reschedule_canonical_attempt
+from awa_sa.testing import contested_attempt, installed_async_drivers, set_phase
+
+
+@pytest.fixture(params=installed_async_drivers())
+def awa_async_driver(request):
+    return request.param
+
+
+@pytest.mark.asyncio
+async def test_a_duplicate_on_each_driver(awa_async_engine, awa_async_driver):
+    assert awa_async_engine.dialect.driver == awa_async_driver
+    async with awa_async_engine.begin() as conn:
+        job = await conn.run_sync(contested_attempt)
+    with pytest.raises(UniqueConflict):
+        await reschedule_canonical_attempt(awa_async_engine, job.job_id, job.run_lease, Snooze(1))
+    async with awa_async_engine.begin() as conn:
+        await conn.run_sync(set_phase, "mixed_transition")
+    outcome = await reschedule_canonical_attempt(
+        awa_async_engine, job.job_id, job.run_lease, Snooze(1)
+    )
+    assert isinstance(outcome, CancelledDuplicate)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("awa_async_driver", ["asyncpg"])
+async def test_one_test_chooses_its_driver(awa_async_engine):
+    async with awa_async_engine.connect() as conn:
+        assert (await conn.execute(sa.text("SELECT 1"))).scalar() == 1
+    assert awa_async_engine.dialect.driver == "asyncpg"
+"""
+
+
+def test_async_tests_of_a_fresh_project_run_on_each_async_driver(
+    pytester: pytest.Pytester, scratch: Path
+) -> None:
+    """No configuration: pytest-asyncio (the testing extra's) in its default strict mode."""
+    pytester.makepyfile(test_async_project=ASYNC_PROJECT)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["*test_a_duplicate_on_each_driver?psycopg?*PASSED*"])
+    result.stdout.fnmatch_lines(["*test_a_duplicate_on_each_driver?asyncpg?*PASSED*"])
+
+
 def test_no_server_starts_when_no_fixture_is_used(
     pytester: pytest.Pytester, scratch: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -209,6 +258,29 @@ def test_a_server_without_createdb_is_refused_clearly(
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"{SERVER_URL_OPTION}={url}")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*awa_sa.testing:*lacks CREATEDB*"])
+
+
+HIDDEN_BINARIES = """
+import shutil
+
+import awa_sa.testing.server as server
+
+server._BINDIR_CANDIDATES = ()
+_which = shutil.which
+shutil.which = lambda name, *a, **k: None if name == "pg_config" else _which(name, *a, **k)
+"""
+
+
+def test_missing_binaries_are_reported_once_per_test(
+    pytester: pytest.Pytester, scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("AWA_SA_PG_BINDIR", raising=False)
+    pytester.makeconftest(HIDDEN_BINARIES)
+    pytester.makepyfile(test_needs="def test_needs(awa_url):\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(errors=1)
+    assert result.stdout.str().count("server binaries not found") == 1  # summary: truncated
+    assert "During handling" not in result.stdout.str()
 
 
 def test_xdist_workers_start_a_throwaway_server_each(

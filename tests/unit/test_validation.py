@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
-from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
 
 import awa_sa.asyncio as awa_async
 from awa_sa import RetryAfter, RetryBackoff, Snooze, ValidationError, reschedule_canonical_attempt
@@ -120,3 +121,26 @@ async def test_async_refuses_before_the_database(untouched: sa.Engine) -> None:
             )
     finally:
         await async_engine.dispose()
+
+
+async def test_a_bind_of_the_wrong_face_is_pointed_to_the_right_module(
+    untouched: sa.Engine,
+) -> None:
+    async_engine = create_async_engine(untouched.url)
+    try:
+        async with AsyncSession(async_engine) as async_session:
+            with pytest.raises(ValidationError, match=r"got AsyncSession \(use awa_sa.asyncio"):
+                reschedule_canonical_attempt(async_session, 1, 1, RetryBackoff())  # type: ignore[arg-type]
+        with Session(untouched) as session:
+            with pytest.raises(ValidationError, match=r"got Session \(use the awa_sa functions"):
+                await awa_async.reschedule_canonical_attempt(session, 1, 1, RetryBackoff())  # type: ignore[arg-type]
+            # A sync Session is a bind: only the input is refused, before its autobegin.
+            with pytest.raises(ValidationError, match="finite"):
+                reschedule_canonical_attempt(session, 1, 1, _smuggled(math.nan))
+            assert not session.in_transaction()
+        with Session() as unbound, pytest.raises(ValidationError, match="has no engine to run on"):
+            reschedule_canonical_attempt(unbound, 1, 1, RetryBackoff())
+    finally:
+        await async_engine.dispose()
+    with pytest.raises(ValidationError, match=r"Engine, Connection or Session, got str\Z"):
+        reschedule_canonical_attempt("postgresql://", 1, 1, RetryBackoff())  # type: ignore[arg-type]

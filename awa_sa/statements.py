@@ -83,6 +83,16 @@ KindTag = Literal["snooze", "retry_after", "retry_backoff"]
 ITEM_PARAMS = ("guard_id", "guard_lease", "b_tag", "b_delay", "b_error", "b_progress")
 """The per-attempt bind arrays of the moving statements, in unnest order."""
 
+ROUTING_BODY_MD5 = {
+    "awa.active_storage_engine()": "2d08edf5c7f3a3a0b4969ccfde457de7",
+    "awa.active_queue_storage_schema()": "9ed6712cdfb4be3bc945808d16271511",
+}
+"""``md5(prosrc)`` of the routing functions awa-cli 0.6.6 to 0.6.9 install (identical bodies).
+
+The one-statement canonical path copies ``active_storage_engine()``'s expression; it trusts
+that copy only while the installed bodies are these (docs/contract.md#routing-guard).
+"""
+
 LIFECYCLE_DUPLICATE = "rescheduled as duplicate: unique claim held by a newer job"
 
 _EMPTY_OBJECT = cast(literal_column("'{}'"), JSONB)

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, Row
 
@@ -219,14 +219,35 @@ def reschedule_canonical_attempts(
 def within(bind: Engine | Connection, calls: list[Call]) -> list[Outcome]:
     """The Engine form (own connection and transaction, committed) or the Connection form.
 
-    Also the AsyncEngine form, run whole in one greenlet by :mod:`awa_sa.asyncio`.
+    Also the AsyncEngine form, run whole in one greenlet by :mod:`awa_sa.asyncio`. The Engine
+    form first sends the one statement in autocommit (one round trip, committed by itself);
+    only when it moved nothing and says the call must go on does it open a transaction.
     """
     if isinstance(bind, Engine):
         # Engine.begin() without its generator-based context manager; checkout, BEGIN and
         # COMMIT translated too.
-        with translated(), bind.connect() as conn, conn.begin():
-            return run_all(conn, calls)
+        with translated(), bind.connect() as conn:
+            if _reads_committed(bind):
+                done = _traced(conn, calls, lambda trace: _autocommit_flow(conn, calls, trace))
+                if done is not None:
+                    return done
+                conn.rollback()  # ends SQLAlchemy's autobegun transaction; nothing to send
+                with conn.begin():  # the one statement said to go on: today's path
+                    return run_all(conn, calls, at_once=False)
+            with conn.begin():
+                return run_all(conn, calls)
     return run_all(bind, calls)  # which translates all it does
+
+
+def _reads_committed(engine: Engine) -> bool:
+    """May the one statement run alone in autocommit, as it would inside this engine's BEGIN?
+
+    A lone statement is its own READ COMMITTED transaction; an engine set to another
+    isolation level (or to AUTOCOMMIT, which the transaction path refuses) keeps today's path.
+    """
+    level = engine.get_execution_options().get("isolation_level")
+    level = level or getattr(engine.dialect, "_on_connect_isolation_level", None)
+    return level is None or str(level).upper().replace("_", " ") == "READ COMMITTED"
 
 
 def run(conn: Connection, call: Call) -> Outcome:
@@ -234,20 +255,36 @@ def run(conn: Connection, call: Call) -> Outcome:
     return run_all(conn, [call])[0]
 
 
-def run_all(conn: Connection, calls: Sequence[Call]) -> list[Outcome]:
-    """The flow for validated calls, inside whatever transaction *conn* has."""
+def run_all(conn: Connection, calls: Sequence[Call], *, at_once: bool = True) -> list[Outcome]:
+    """The flow for validated calls, inside whatever transaction *conn* has.
+
+    ``at_once=False`` skips the one statement, for a call it has already told to go on.
+    """
+
+    def flow(trace: _Trace) -> list[Outcome]:
+        if _autocommit(conn):
+            # Each statement would commit alone: the routing lock would be gone before the
+            # write, and the savepoints would protect nothing. Every supported driver's
+            # connection (or SQLAlchemy's async adapter of it) reports the mode this way.
+            raise ValidationError("bind is in AUTOCOMMIT mode; the reschedule needs a transaction")
+        if at_once:
+            return _flow(conn, calls, trace)
+        return _locked_then_routed(conn, calls, trace)
+
+    return _traced(conn, calls, flow)
+
+
+_T = TypeVar("_T", list[Outcome], list[Outcome] | None)
+
+
+def _traced(conn: Connection, calls: Sequence[Call], flow: Callable[[_Trace], _T]) -> _T:
+    """Run *flow* translated, with its debug records, invalidating a connection found dead."""
     trace = _Trace()
     try:
         with translated():  # the statements, savepoints, and a connection that died midway
-            if getattr(conn.connection.dbapi_connection, "autocommit", False):
-                # Each statement would commit alone: the routing lock would be gone before the
-                # write, and the savepoints would protect nothing. Every supported driver's
-                # connection (or SQLAlchemy's async adapter of it) reports the mode this way.
-                raise ValidationError(
-                    "bind is in AUTOCOMMIT mode; the reschedule needs a transaction"
-                )
-            trace.outcomes = _flow(conn, calls, trace)
-        return trace.outcomes
+            outcomes = flow(trace)
+        trace.outcomes = outcomes or []
+        return outcomes
     except Exception as exc:
         trace.error = f"error {type(exc).__name__}"
         lost = isinstance(exc, DatabaseError) and exc.sqlstate == CONNECTION_LOST
@@ -264,6 +301,10 @@ def run_all(conn: Connection, calls: Sequence[Call]) -> list[Outcome]:
                     _log(call, trace.routing, trace.error)
                 elif index < len(trace.outcomes):
                     _log(call, trace.routing, type(trace.outcomes[index]).__name__)
+
+
+def _autocommit(conn: Connection) -> bool:
+    return bool(getattr(conn.connection.dbapi_connection, "autocommit", False))
 
 
 def _log(call: Call, routing: str, outcome: str) -> None:
@@ -297,10 +338,76 @@ def _attempts_as_binds(calls: Sequence[Call]) -> tuple[bool, Mapping[str, Any]]:
     return _as_binds([call.params for call in calls])
 
 
+@dataclass(frozen=True, slots=True)
+class _AtOnce:
+    """What the one statement did: moved the attempts (``outcomes``), or why it did not."""
+
+    outcomes: list[Outcome] | None
+    queue_storage: bool = False
+    guarded: bool = True
+
+
+def _at_once(conn: Connection, calls: Sequence[Call], trace: _Trace, *, alone: bool) -> _AtOnce:
+    """The one statement (docs/contract.md#one-statement): lock, route, guard and move.
+
+    *alone*: the statement commits by itself, so a shared-key batch must go on in a
+    transaction; inside one, the singleton is locked or absent and routing is canonical, so
+    the batch goes one attempt at a time right here.
+    """
+    trace.routing = "canonical"  # the only route on which it writes, and so can fail
+    batch, items = _attempts_as_binds(calls)
+    rows = execute(conn, statements.move_if_canonical(batch=batch), items).all()
+    head = rows[0]
+    if head.queue_storage or not head.guarded or (head.shared_key and alone):
+        trace.routing = "?"
+        return _AtOnce(None, queue_storage=head.queue_storage, guarded=head.guarded)
+    return _AtOnce(_rescheduled(conn, calls, rows))
+
+
+def _autocommit_flow(
+    conn: Connection, calls: Sequence[Call], trace: _Trace
+) -> list[Outcome] | None:
+    """The Engine form's first try: the one statement in autocommit, or None to go on.
+
+    The caller's engine is left as it is: the driver connection is switched to autocommit for
+    this statement and back (no round trip on any supported driver), rather than through
+    SQLAlchemy's isolation level, which pg8000 resets with two statements at checkin. A
+    connection that cannot be switched back is invalidated, never pooled in autocommit.
+    """
+    dbapi = conn.connection.dbapi_connection
+    if dbapi is None or _autocommit(conn):
+        return None
+    dbapi.autocommit = True
+    try:
+        return _at_once(conn, calls, trace, alone=True).outcomes
+    finally:
+        try:
+            dbapi.autocommit = False
+        except Exception:
+            conn.invalidate()
+
+
 def _flow(conn: Connection, calls: Sequence[Call], trace: _Trace) -> list[Outcome]:
+    """Inside a transaction: the one statement, then today's path when it says to go on."""
+    first = _at_once(conn, calls, trace, alone=False)
+    if first.outcomes is not None:
+        return first.outcomes
+    if first.queue_storage:
+        # The singleton is locked by the one statement already: read routing afresh.
+        return _routed(conn, calls, trace)
+    return _locked_then_routed(conn, calls, trace)
+
+
+def _locked_then_routed(conn: Connection, calls: Sequence[Call], trace: _Trace) -> list[Outcome]:
+    """Today's path: lock the singleton, then read routing with the installed function."""
     if execute(conn, statements.routing_lock()).first() is None:
         trace.routing = "canonical (no transition singleton)"
         return _canonical(conn, calls)
+    return _routed(conn, calls, trace)
+
+
+def _routed(conn: Connection, calls: Sequence[Call], trace: _Trace) -> list[Outcome]:
+    """With the singleton locked: routing read by ``awa.active_queue_storage_schema()``."""
     trace.routing = "canonical"  # the next statement writes, and so can fail, only then
     batch, items = _attempts_as_binds(calls)
     rows = execute(conn, statements.canonical_move(routed=True, batch=batch), items).all()

@@ -131,6 +131,7 @@ def wait_until_blocked(
     """
     pending = list(pending)
     deadline = time.monotonic() + timeout
+    waiters: list[Waiter] = []
     while True:
         if len(blocked_by(observer, holder_pid)) >= count:
             # pg_stat_activity's row is a copy taken when the query first read it, while

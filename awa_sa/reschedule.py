@@ -9,16 +9,21 @@ A single call is a batch of one, and a batch's outcomes and rows are those of it
 re-scheduled one after another in the same transaction. The statements bind scalars for one
 row and arrays for more (:mod:`awa_sa.statements`); the flow is the same.
 
-Statements per path, inside the transaction, for a batch of any size:
+Statements per path, for a batch of any size:
 
-* canonical: 2 -- the routing lock, then one statement that reads routing afresh and, when it is
-  NULL, moves every matching row. A missing singleton skips the routing read in the same 2.
-* queue storage: the same 2, then under a savepoint the take/allocation of every row; the
-  canonical move of the attempts it did not take (callback wiring, guard misses), if any; and
-  under the deferred-rows savepoint the claims (if any row claims) and the deferred rows. A lost
-  claim rolls that savepoint back and redoes it without that row (+3), which then takes the
-  single-attempt cancelled-duplicate path: ring read, 5 lane statements, clock, the
-  cancelled-row savepoint with its claim and the cancelled row (+ delta), or the last resort.
+* canonical: 1 -- the one statement (docs/contract.md#one-statement): the routing lock, routing
+  from the locked row, a guard on the routing functions' bodies, and the move. The Engine form
+  sends it alone in autocommit: one round trip.
+* queue storage: the one statement (it moves nothing), then the routing read under the lock it
+  took (the Engine form: in a new transaction, the lock and the read, one statement more), then
+  under a savepoint the take/allocation of every row; the canonical move of the attempts it did
+  not take (callback wiring, guard misses), if any; and under the deferred-rows savepoint the
+  claims (if any row claims) and the deferred rows. A lost claim rolls that savepoint back and
+  redoes it without that row (+3), which then takes the single-attempt cancelled-duplicate path:
+  ring read, 5 lane statements, clock, the cancelled-row savepoint with its claim and the
+  cancelled row (+ delta), or the last resort.
+* routing functions not the known ones: the one statement, then the lock and the routing read
+  as before it existed.
 
 Two rows of one batch that share a unique key make the order of claim releases and acquisitions
 matter (one by one, a row that still holds the key while running blocks an earlier item that

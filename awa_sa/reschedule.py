@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, Row
+from sqlalchemy import Connection, Engine
 
 from awa_sa import statements
 from awa_sa.compiled import execute
@@ -70,6 +70,15 @@ from awa_sa.kinds import (
     check_delay,
 )
 from awa_sa.queue_storage import translate_map
+from awa_sa.results import (
+    ClaimedWrite,
+    Held,
+    Moved,
+    Taken,
+    TakenJob,
+    Unexplained,
+    Written,
+)
 from awa_sa.tables import JOB_STATES
 
 log = logging.getLogger("awa_sa")
@@ -361,12 +370,11 @@ def _at_once(conn: Connection, calls: Sequence[Call], trace: _Trace, *, alone: b
     """
     trace.routing = "canonical"  # the only route on which it writes, and so can fail
     batch, items = _attempts_as_binds(calls)
-    rows = execute(conn, statements.move_if_canonical(batch=batch), items).all()
-    head = rows[0]
-    if head.queue_storage or not head.guarded or (head.shared_key and alone):
+    moved = Moved.read(execute(conn, statements.move_if_canonical(batch=batch), items))
+    if moved.queue_storage or not moved.guarded or (moved.shared_key and alone):
         trace.routing = "?"
-        return _AtOnce(None, queue_storage=head.queue_storage, guarded=head.guarded)
-    return _AtOnce(_rescheduled(conn, calls, rows))
+        return _AtOnce(None, queue_storage=moved.queue_storage, guarded=moved.guarded)
+    return _AtOnce(_rescheduled(conn, calls, moved))
 
 
 def _autocommit_flow(
@@ -415,10 +423,10 @@ def _routed(conn: Connection, calls: Sequence[Call], trace: _Trace) -> list[Outc
     """With the singleton locked: routing read by ``awa.active_queue_storage_schema()``."""
     trace.routing = "canonical"  # the next statement writes, and so can fail, only then
     batch, items = _attempts_as_binds(calls)
-    rows = execute(conn, statements.canonical_move(routed=True, batch=batch), items).all()
-    schema: str | None = rows[0].routing_schema
+    moved = Moved.read(execute(conn, statements.canonical_move(routed=True, batch=batch), items))
+    schema = moved.routing_schema
     if schema is None:
-        return _rescheduled(conn, calls, rows)
+        return _rescheduled(conn, calls, moved)
     trace.routing = schema
     translate_map(schema)  # before any write: a bad name changes nothing
     # The savepoint makes "an error after the take loses nothing" hold for a caller's
@@ -429,98 +437,91 @@ def _routed(conn: Connection, calls: Sequence[Call], trace: _Trace) -> list[Outc
 
 def _canonical(conn: Connection, calls: Sequence[Call]) -> list[Outcome]:
     batch, items = _attempts_as_binds(calls)
-    rows = execute(conn, statements.canonical_move(routed=False, batch=batch), items).all()
-    return _rescheduled(conn, calls, rows)
+    moved = Moved.read(execute(conn, statements.canonical_move(routed=False, batch=batch), items))
+    return _rescheduled(conn, calls, moved)
 
 
-def _rescheduled(conn: Connection, calls: Sequence[Call], rows: Sequence[Any]) -> list[Outcome]:
+def _rescheduled(conn: Connection, calls: Sequence[Call], moved: Moved) -> list[Outcome]:
     """Outcomes of a canonical move, or of one move per attempt when it touched nothing."""
-    if len(calls) == 1:
-        # One attempt (scalar binds, shared_key false): the one row is head joined to it.
-        row = rows[0]
-        return [Stale() if row.id is None else Rescheduled(row.id, row.run_at, row.attempt)]
-    if rows[0].shared_key:
+    if moved.shared_key:
         return [_canonical(conn, [call])[0] for call in calls]
     first: dict[tuple[int, int], int] = {}
     for index, call in enumerate(calls):
         first.setdefault((call.params["guard_id"], call.params["guard_lease"]), index)
     outcomes: list[Outcome] = [Stale()] * len(calls)
-    for row in rows:
-        if row.id is not None:  # (id, run_lease) names the first item that asked for it
-            outcomes[first[(row.id, row.run_lease)]] = Rescheduled(row.id, row.run_at, row.attempt)
+    for job in moved.jobs:  # (id, run_lease) names the first item that asked for it
+        outcomes[first[(job.job_id, job.run_lease)]] = Rescheduled(
+            job.job_id, job.run_at, job.attempt
+        )
     return outcomes
 
 
 def _queue_storage(conn: Connection, calls: Sequence[Call], schema: str) -> list[Outcome]:
     batch, items = _attempts_as_binds(calls)
-    rows = execute(conn, statements.take_and_allocate(batch=batch), items, schema).all()
-    if rows[0].shared_key:
+    taken = Taken.read(execute(conn, statements.take_and_allocate(batch=batch), items, schema))
+    if taken.shared_key:
         return [_queue_storage(conn, [call], schema)[0] for call in calls]
-    taken = [row for row in rows if row.ord is not None]
-    for row in taken:
-        if row.job_id is None:
-            raise ValidationError(
-                "queue storage payload metadata must be a JSON object (job "
-                f"{calls[row.ord - 1].job_id} has {row.metadata_type}); the job was left unchanged"
-            )
+    for index, metadata_type in taken.not_objects:
+        raise ValidationError(
+            "queue storage payload metadata must be a JSON object (job "
+            f"{calls[index].job_id} has {metadata_type}); the job was left unchanged"
+        )
     outcomes: list[Outcome] = [Stale()] * len(calls)
-    left = sorted(set(range(len(calls))) - {row.ord - 1 for row in taken})
+    left = sorted(set(range(len(calls))) - {job.index for job in taken.jobs})
     if left:
         # Callback wiring (the guard still matches) or a guard miss: the canonical move decides.
         moved = _canonical(conn, [calls[index] for index in left])
         for index, outcome in zip(left, moved, strict=True):
             outcomes[index] = outcome
-    migrated, lost = _defer(conn, taken, schema)
-    for row in migrated:
-        outcomes[row.ord - 1] = Migrated(row.job_id, row.run_at, row.attempt)
-    for row in sorted(lost, key=lambda row: row.ord):
+    migrated, lost = _defer(conn, taken.jobs, schema)
+    for job in migrated:
+        outcomes[job.index] = Migrated(job.job_id, job.run_at, job.attempt)
+    for job in sorted(lost, key=lambda job: job.index):
         # A newer job owns the key: record the successor as a cancelled duplicate.
-        outcomes[row.ord - 1] = _cancel_duplicate(conn, row, schema)
+        outcomes[job.index] = _cancel_duplicate(conn, job, schema)
     return outcomes
 
 
 def _defer(
-    conn: Connection, taken: list[Row[Any]], schema: str
-) -> tuple[list[Row[Any]], list[Row[Any]]]:
+    conn: Connection, taken: list[TakenJob], schema: str
+) -> tuple[list[TakenJob], list[TakenJob]]:
     """Write the successors as deferred rows. Returns (written, lost to a newer claim holder).
 
-    Rows whose claims other jobs hold are dropped and the rest written again; a unique
-    violation that no claim explains cannot be pinned on a row, so each row is then tried
-    alone, in order, and one that still fails is lost.
+    Jobs whose claims other jobs hold are dropped and the rest written again; a unique
+    violation that no claim explains cannot be pinned on a job, so each is then tried alone,
+    in order, and one that still fails is lost.
     """
-    pending, lost = taken, list[Row[Any]]()
+    pending, lost = taken, list[TakenJob]()
     while pending:
-        held = _claim_and_insert(conn, pending, schema)
-        if held is None and len(pending) > 1:
-            written, alone_lost = _defer_each(conn, pending, schema)
-            return written, lost + alone_lost
-        if held is None:
-            return [], lost + pending
-        if not held:
-            return pending, lost
-        lost += held
-        pending = [row for row in pending if row not in held]
+        match _claim_and_insert(conn, pending, schema):
+            case Written():
+                return pending, lost
+            case Held(jobs=held):
+                lost += held
+                pending = [job for job in pending if job not in held]
+            case Unexplained() if len(pending) > 1:
+                written, alone_lost = _defer_each(conn, pending, schema)
+                return written, lost + alone_lost
+            case Unexplained():
+                return [], lost + pending
     return [], lost
 
 
 def _defer_each(
-    conn: Connection, rows: list[Row[Any]], schema: str
-) -> tuple[list[Row[Any]], list[Row[Any]]]:
-    """Each row alone under its own savepoint, in order. Returns (written, lost)."""
-    written, lost = list[Row[Any]](), list[Row[Any]]()
-    for row in rows:
-        (written if _claim_and_insert(conn, [row], schema) == [] else lost).append(row)
+    conn: Connection, jobs: list[TakenJob], schema: str
+) -> tuple[list[TakenJob], list[TakenJob]]:
+    """Each job alone under its own savepoint, in order. Returns (written, lost)."""
+    written, lost = list[TakenJob](), list[TakenJob]()
+    for job in jobs:
+        ended = _claim_and_insert(conn, [job], schema)
+        (written if isinstance(ended, Written) else lost).append(job)
     return written, lost
 
 
-def _claim_and_insert(conn: Connection, rows: list[Row[Any]], schema: str) -> list[Row[Any]] | None:
-    """Claim the rows' keys, then insert them as deferred rows, under one savepoint.
-
-    ``[]`` when written; else nothing is written and the result says why (see
-    :func:`_claimed_then_written`).
-    """
-    claiming = [r for r in rows if _claims(r.unique_key, r.unique_states, r.state)]
-    batch, successors = _as_binds([_successor(row) for row in rows])
+def _claim_and_insert(conn: Connection, jobs: list[TakenJob], schema: str) -> ClaimedWrite:
+    """Claim the jobs' keys, then insert them as deferred rows, under one savepoint."""
+    claiming = [job for job in jobs if _claims(job, job.state)]
+    batch, successors = _as_binds([job.successor for job in jobs])
     deferred = statements.insert_deferred(batch=batch)
 
     def write() -> None:
@@ -530,14 +531,13 @@ def _claim_and_insert(conn: Connection, rows: list[Row[Any]], schema: str) -> li
 
 
 def _claimed_then_written(
-    conn: Connection, claiming: Sequence[Row[Any]], write: Callable[[], object]
-) -> list[Row[Any]] | None:
+    conn: Connection, claiming: Sequence[TakenJob], write: Callable[[], object]
+) -> ClaimedWrite:
     """Claim *claiming*'s keys, then *write*, under a savepoint that keeps either undoable.
 
-    Returns ``[]`` when written, else nothing is written: the rows whose claims other jobs
-    hold, or None for a unique violation no claim explains. A lost claim leaves PostgreSQL's
-    lock on the holder's claim row, which only rolling the savepoint back releases. The
-    deferred rows and the cancelled row each get a savepoint of their own this way.
+    A lost claim leaves PostgreSQL's lock on the holder's claim row, which only rolling the
+    savepoint back releases. The deferred rows and the cancelled row each get a savepoint of
+    their own this way.
     """
     try:
         # Translated inside the try, so that a unique violation is caught as one.
@@ -545,18 +545,14 @@ def _claimed_then_written(
             held = _unacquired(conn, claiming)
             if held:
                 savepoint.rollback()
-            else:
-                write()
+                return Held(held)
+            write()
     except UniqueConflict:
-        return None
-    return held
+        return Unexplained()
+    return Written()
 
 
-def _successor(row: Row[Any]) -> dict[str, Any]:
-    return {f"b_{name}": getattr(row, name) for name in statements.SUCCESSOR_FIELDS}
-
-
-def _cancel_duplicate(conn: Connection, take: Row[Any], schema: str) -> Outcome:
+def _cancel_duplicate(conn: Connection, take: TakenJob, schema: str) -> Outcome:
     ring = execute(conn, statements.ring_cursor(), {}, schema).first()
     if ring is None:
         raise DatabaseError(f"{schema}.queue_ring_state has no singleton row")
@@ -575,7 +571,7 @@ def _cancel_duplicate(conn: Connection, take: Row[Any], schema: str) -> Outcome:
         "terminal": True,
     }
     row = {
-        **_successor(take),
+        **take.successor,
         "b_ready_slot": ring.current_slot,
         "b_ready_generation": ring.generation,
         "b_finalized_at": finalized_at,
@@ -589,33 +585,34 @@ def _cancel_duplicate(conn: Connection, take: Row[Any], schema: str) -> Outcome:
 
 
 def _claim_and_insert_cancelled(
-    conn: Connection, take: Row[Any], row: Mapping[str, Any], schema: str
+    conn: Connection, take: TakenJob, row: Mapping[str, Any], schema: str
 ) -> bool:
     """Claim the key (if the cancelled state claims it), then insert the cancelled row.
 
     Under its own savepoint: False, with nothing written, when another job holds the key.
     """
-    claiming = [take] if _claims(take.unique_key, take.unique_states, "cancelled") else []
+    claiming = [take] if _claims(take, "cancelled") else []
     cancelled = statements.insert_cancelled()
-    written = _claimed_then_written(conn, claiming, lambda: execute(conn, cancelled, row, schema))
-    return written == []
+    ended = _claimed_then_written(conn, claiming, lambda: execute(conn, cancelled, row, schema))
+    return isinstance(ended, Written)
 
 
-def _claims(unique_key: bytes | None, unique_states: str | None, state: str) -> bool:
-    """Does a queue-storage row in *state* claim its key? (docs/contract.md#claims)."""
-    if unique_key is None or unique_states is None:
+def _claims(job: TakenJob, state: str) -> bool:
+    """Does *job*'s successor, in *state*, claim its key? (docs/contract.md#claims)."""
+    if job.unique_key is None or job.unique_states is None:
         return False
     bit = JOB_STATES.index(state)
-    return len(unique_states) > bit and unique_states[bit] == "1"
+    return len(job.unique_states) > bit and job.unique_states[bit] == "1"
 
 
-def _unacquired(conn: Connection, rows: Sequence[Row[Any]]) -> list[Row[Any]]:
-    """Claim ``(unique_key, job_id)`` for each row; the rows whose key another job holds."""
-    if not rows:
+def _unacquired(conn: Connection, jobs: Sequence[TakenJob]) -> list[TakenJob]:
+    """Claim ``(unique_key, job_id)`` for each job; the jobs whose key another job holds."""
+    if not jobs:
         return []
-    batch, params = _as_binds([{"b_unique_key": r.unique_key, "b_job_id": r.job_id} for r in rows])
+    claims = [{"b_unique_key": job.unique_key, "b_job_id": job.job_id} for job in jobs]
+    batch, params = _as_binds(claims)
     acquired = set(execute(conn, statements.claim_unique_keys(batch=batch), params).scalars())
-    return [row for row in rows if row.job_id not in acquired]
+    return [job for job in jobs if job.job_id not in acquired]
 
 
 def rfc3339_now() -> str:

@@ -413,3 +413,30 @@ def test_repeatable_read_after_a_transition_is_a_serialization_failure(cluster: 
             assert failed.value.sqlstate == "40001"
     assert take_snapshot(engine) == before
     assert _where(engine, job) == ["awa.jobs_hot"]
+
+
+def _recorded(engine: sa.Engine) -> list[str]:
+    seen: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda *a: seen.append("statement"))
+    event.listen(engine, "commit", lambda *a: seen.append("COMMIT"))
+    event.listen(engine, "begin", lambda *a: seen.append("BEGIN"))
+    return seen
+
+
+@pytest.mark.parametrize("level", ["REPEATABLE READ", "SERIALIZABLE"])
+def test_an_engine_set_to_another_isolation_level_keeps_its_transaction(
+    cluster: Cluster, level: str
+) -> None:
+    """A lone statement in autocommit would run READ COMMITTED: such an engine gets BEGIN,
+    the one statement at its own level, and COMMIT."""
+    made = sa.create_engine(cluster.url, isolation_level=level)
+    base = sa.create_engine(cluster.url)
+    for engine, seen in (
+        (made, _recorded(made)),
+        (base.execution_options(isolation_level=level), _recorded(base)),
+    ):
+        (job,) = _seed(cluster.engine)
+        assert isinstance(reschedule_canonical_attempt(engine, job, 2, Snooze(5)), Rescheduled)
+        assert seen == ["BEGIN", "statement", "COMMIT"]
+    made.dispose()
+    base.dispose()

@@ -798,10 +798,11 @@ def test_faults_map_to_the_same_errors(driver: str, cluster: Cluster) -> None:
             face.call(job, 1, Snooze(1))
         assert lost.value.sqlstate == CONNECTION_LOST, lost.value
         assert _snapshot(engine) == before
-        # In a caller's transaction, killed after it: the caller's COMMIT finds it gone.
+        # In a caller's transaction, killed after it: the caller's COMMIT finds it gone (pg8000
+        # sometimes lets the socket's own OSError out of that COMMIT, which is not ours).
         with (
             _killing(face, engine, 0, "after"),
-            pytest.raises(sa.exc.DBAPIError),
+            pytest.raises((sa.exc.DBAPIError, OSError)),
             face.transaction() as tx,
         ):
             assert isinstance(tx.call(job, 1, Snooze(1)), Rescheduled)

@@ -377,12 +377,15 @@ def _errors_after(taken: CTE) -> ColumnElement[Any]:
     )
 
 
-# --- routing ------------------------------------------------------------------------------
+# --- routing, on the path after the one statement ----------------------------------------
 
 
 @_statement
 def routing_lock() -> Select[Any]:
-    """Statement 1: share-lock the transition singleton; no row means canonical routing.
+    """Share-lock the transition singleton; no row means canonical routing.
+
+    The first step of the path the call goes on with when :func:`move_if_canonical` moved
+    nothing (docs/contract.md#routing).
 
     Every storage transition locks this row exclusively first, so holding it to the end of the
     transaction keeps routing fixed until the write commits (docs/contract.md#routing-lock).
@@ -440,7 +443,7 @@ def _insert_scheduled(taken: CTE) -> CTE:
 
 @_statement
 def canonical_move(*, routed: bool, batch: bool) -> Select[Any]:
-    """Statement 2: read routing afresh and, only if it is NULL, move the rows.
+    """After :func:`routing_lock`: read routing afresh and, only if it is NULL, move the rows.
 
     See docs/contract.md#routing and #canonical-move.
 

@@ -2,10 +2,11 @@
 
 The sync flow runs in SQLAlchemy's greenlet bridge, so there is one copy of the decision logic
 and both faces send the same compiled statements. An ``AsyncConnection`` runs it through
-``run_sync``. An ``AsyncEngine`` runs the whole sync Engine form (checkout, BEGIN, the flow,
-COMMIT, checkin) in one greenlet, as ``AsyncConnection`` runs each of those steps, rather than
-one greenlet and event-loop round per step: ``async with engine.begin()`` costs five of them
-and a task. The sync engine, its pool and its events are the same either way.
+``run_sync``. An ``AsyncEngine`` runs the whole sync Engine form (checkout, the one statement
+in autocommit -- or BEGIN, the flow, COMMIT when it says to go on -- and checkin) in one
+greenlet, as ``AsyncConnection`` runs each of those steps, rather than one greenlet and
+event-loop round per step: ``async with engine.begin()`` costs five of them and a task. The
+sync engine, its pool and its events are the same either way.
 """
 
 from __future__ import annotations

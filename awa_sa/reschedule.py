@@ -9,16 +9,21 @@ A single call is a batch of one, and a batch's outcomes and rows are those of it
 re-scheduled one after another in the same transaction. The statements bind scalars for one
 row and arrays for more (:mod:`awa_sa.statements`); the flow is the same.
 
-Statements per path, inside the transaction, for a batch of any size:
+Statements per path, for a batch of any size:
 
-* canonical: 2 -- the routing lock, then one statement that reads routing afresh and, when it is
-  NULL, moves every matching row. A missing singleton skips the routing read in the same 2.
-* queue storage: the same 2, then under a savepoint the take/allocation of every row; the
-  canonical move of the attempts it did not take (callback wiring, guard misses), if any; and
-  under the deferred-rows savepoint the claims (if any row claims) and the deferred rows. A lost
-  claim rolls that savepoint back and redoes it without that row (+3), which then takes the
-  single-attempt cancelled-duplicate path: ring read, 5 lane statements, clock, the
-  cancelled-row savepoint with its claim and the cancelled row (+ delta), or the last resort.
+* canonical: 1 -- the one statement (docs/contract.md#one-statement): the routing lock, routing
+  from the locked row, a guard on the routing functions' bodies, and the move. The Engine form
+  sends it alone in autocommit: one round trip.
+* queue storage: the one statement (it moves nothing), then the routing read under the lock it
+  took (the Engine form: in a new transaction, the lock and the read, one statement more), then
+  under a savepoint the take/allocation of every row; the canonical move of the attempts it did
+  not take (callback wiring, guard misses), if any; and under the deferred-rows savepoint the
+  claims (if any row claims) and the deferred rows. A lost claim rolls that savepoint back and
+  redoes it without that row (+3), which then takes the single-attempt cancelled-duplicate path:
+  ring read, 5 lane statements, clock, the cancelled-row savepoint with its claim and the
+  cancelled row (+ delta), or the last resort.
+* routing functions not the known ones: the one statement, then the lock and the routing read
+  as before it existed.
 
 Two rows of one batch that share a unique key make the order of claim releases and acquisitions
 matter (one by one, a row that still holds the key while running blocks an earlier item that
@@ -38,9 +43,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import Connection, Engine, Row
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import UnboundExecutionError
 
 from awa_sa import statements
@@ -67,6 +72,15 @@ from awa_sa.kinds import (
     check_delay,
 )
 from awa_sa.queue_storage import translate_map
+from awa_sa.results import (
+    ClaimedWrite,
+    Held,
+    Moved,
+    Taken,
+    TakenJob,
+    Unexplained,
+    Written,
+)
 from awa_sa.tables import JOB_STATES
 
 if TYPE_CHECKING:
@@ -243,7 +257,9 @@ def within(bind: Engine | Connection | Session, calls: list[Call]) -> list[Outco
 
     A Session is the Connection form on the connection of its current transaction (begun if
     none is), savepoint included. Also the AsyncEngine form, run whole in one greenlet by
-    :mod:`awa_sa.asyncio`.
+    :mod:`awa_sa.asyncio`. The Engine form first sends the one statement in autocommit (one
+    round trip, committed by itself); only when it moved nothing and says the call must go on
+    does it open a transaction.
     """
     if not isinstance(bind, Engine | Connection):
         with translated():  # a Session's autobegin checks a connection out
@@ -251,9 +267,28 @@ def within(bind: Engine | Connection | Session, calls: list[Call]) -> list[Outco
     if isinstance(bind, Engine):
         # Engine.begin() without its generator-based context manager; checkout, BEGIN and
         # COMMIT translated too.
-        with translated(), bind.connect() as conn, conn.begin():
-            return run_all(conn, calls)
+        with translated(), bind.connect() as conn:
+            if _reads_committed(bind):
+                done = _traced(conn, calls, lambda trace: _autocommit_flow(conn, calls, trace))
+                if done is not None:
+                    return done
+                conn.rollback()  # ends SQLAlchemy's autobegun transaction; nothing to send
+                with conn.begin():  # the one statement said to go on: today's path
+                    return run_all(conn, calls, at_once=False)
+            with conn.begin():
+                return run_all(conn, calls)
     return run_all(bind, calls)  # which translates all it does
+
+
+def _reads_committed(engine: Engine) -> bool:
+    """May the one statement run alone in autocommit, as it would inside this engine's BEGIN?
+
+    A lone statement is its own READ COMMITTED transaction; an engine set to another
+    isolation level (or to AUTOCOMMIT, which the transaction path refuses) keeps today's path.
+    """
+    level = engine.get_execution_options().get("isolation_level")
+    level = level or getattr(engine.dialect, "_on_connect_isolation_level", None)
+    return level is None or str(level).upper().replace("_", " ") == "READ COMMITTED"
 
 
 def run(conn: Connection, call: Call) -> Outcome:
@@ -261,20 +296,36 @@ def run(conn: Connection, call: Call) -> Outcome:
     return run_all(conn, [call])[0]
 
 
-def run_all(conn: Connection, calls: Sequence[Call]) -> list[Outcome]:
-    """The flow for validated calls, inside whatever transaction *conn* has."""
+def run_all(conn: Connection, calls: Sequence[Call], *, at_once: bool = True) -> list[Outcome]:
+    """The flow for validated calls, inside whatever transaction *conn* has.
+
+    ``at_once=False`` skips the one statement, for a call it has already told to go on.
+    """
+
+    def flow(trace: _Trace) -> list[Outcome]:
+        if _autocommit(conn):
+            # Each statement would commit alone: the routing lock would be gone before the
+            # write, and the savepoints would protect nothing. Every supported driver's
+            # connection (or SQLAlchemy's async adapter of it) reports the mode this way.
+            raise ValidationError("bind is in AUTOCOMMIT mode; the reschedule needs a transaction")
+        if at_once:
+            return _flow(conn, calls, trace)
+        return _locked_then_routed(conn, calls, trace)
+
+    return _traced(conn, calls, flow)
+
+
+_T = TypeVar("_T", list[Outcome], list[Outcome] | None)
+
+
+def _traced(conn: Connection, calls: Sequence[Call], flow: Callable[[_Trace], _T]) -> _T:
+    """Run *flow* translated, with its debug records, invalidating a connection found dead."""
     trace = _Trace()
     try:
         with translated():  # the statements, savepoints, and a connection that died midway
-            if getattr(conn.connection.dbapi_connection, "autocommit", False):
-                # Each statement would commit alone: the routing lock would be gone before the
-                # write, and the savepoints would protect nothing. Every supported driver's
-                # connection (or SQLAlchemy's async adapter of it) reports the mode this way.
-                raise ValidationError(
-                    "bind is in AUTOCOMMIT mode; the reschedule needs a transaction"
-                )
-            trace.outcomes = _flow(conn, calls, trace)
-        return trace.outcomes
+            outcomes = flow(trace)
+        trace.outcomes = outcomes or []
+        return outcomes
     except Exception as exc:
         trace.error = f"error {type(exc).__name__}"
         lost = isinstance(exc, DatabaseError) and exc.sqlstate == CONNECTION_LOST
@@ -291,6 +342,10 @@ def run_all(conn: Connection, calls: Sequence[Call]) -> list[Outcome]:
                     _log(call, trace.routing, trace.error)
                 elif index < len(trace.outcomes):
                     _log(call, trace.routing, type(trace.outcomes[index]).__name__)
+
+
+def _autocommit(conn: Connection) -> bool:
+    return bool(getattr(conn.connection.dbapi_connection, "autocommit", False))
 
 
 def _log(call: Call, routing: str, outcome: str) -> None:
@@ -324,16 +379,81 @@ def _attempts_as_binds(calls: Sequence[Call]) -> tuple[bool, Mapping[str, Any]]:
     return _as_binds([call.params for call in calls])
 
 
+@dataclass(frozen=True, slots=True)
+class _AtOnce:
+    """What the one statement did: moved the attempts (``outcomes``), or why it did not."""
+
+    outcomes: list[Outcome] | None
+    queue_storage: bool = False
+    guarded: bool = True
+
+
+def _at_once(conn: Connection, calls: Sequence[Call], trace: _Trace, *, alone: bool) -> _AtOnce:
+    """The one statement (docs/contract.md#one-statement): lock, route, guard and move.
+
+    *alone*: the statement commits by itself, so a shared-key batch must go on in a
+    transaction; inside one, the singleton is locked or absent and routing is canonical, so
+    the batch goes one attempt at a time right here.
+    """
+    trace.routing = "canonical"  # the only route on which it writes, and so can fail
+    batch, items = _attempts_as_binds(calls)
+    moved = Moved.read(execute(conn, statements.move_if_canonical(batch=batch), items))
+    if moved.queue_storage or not moved.guarded or (moved.shared_key and alone):
+        trace.routing = "?"
+        return _AtOnce(None, queue_storage=moved.queue_storage, guarded=moved.guarded)
+    return _AtOnce(_rescheduled(conn, calls, moved))
+
+
+def _autocommit_flow(
+    conn: Connection, calls: Sequence[Call], trace: _Trace
+) -> list[Outcome] | None:
+    """The Engine form's first try: the one statement in autocommit, or None to go on.
+
+    The caller's engine is left as it is: the driver connection is switched to autocommit for
+    this statement and back (no round trip on any supported driver), rather than through
+    SQLAlchemy's isolation level, which pg8000 resets with two statements at checkin. A
+    connection that cannot be switched back is invalidated, never pooled in autocommit.
+    """
+    dbapi = conn.connection.dbapi_connection
+    if dbapi is None or _autocommit(conn):
+        return None
+    dbapi.autocommit = True
+    try:
+        return _at_once(conn, calls, trace, alone=True).outcomes
+    finally:
+        try:
+            dbapi.autocommit = False
+        except Exception:
+            conn.invalidate()
+
+
 def _flow(conn: Connection, calls: Sequence[Call], trace: _Trace) -> list[Outcome]:
+    """Inside a transaction: the one statement, then today's path when it says to go on."""
+    first = _at_once(conn, calls, trace, alone=False)
+    if first.outcomes is not None:
+        return first.outcomes
+    if first.queue_storage:
+        # The singleton is locked by the one statement already: read routing afresh.
+        return _routed(conn, calls, trace)
+    return _locked_then_routed(conn, calls, trace)
+
+
+def _locked_then_routed(conn: Connection, calls: Sequence[Call], trace: _Trace) -> list[Outcome]:
+    """Today's path: lock the singleton, then read routing with the installed function."""
     if execute(conn, statements.routing_lock()).first() is None:
         trace.routing = "canonical (no transition singleton)"
         return _canonical(conn, calls)
+    return _routed(conn, calls, trace)
+
+
+def _routed(conn: Connection, calls: Sequence[Call], trace: _Trace) -> list[Outcome]:
+    """With the singleton locked: routing read by ``awa.active_queue_storage_schema()``."""
     trace.routing = "canonical"  # the next statement writes, and so can fail, only then
     batch, items = _attempts_as_binds(calls)
-    rows = execute(conn, statements.canonical_move(routed=True, batch=batch), items).all()
-    schema: str | None = rows[0].routing_schema
+    moved = Moved.read(execute(conn, statements.canonical_move(routed=True, batch=batch), items))
+    schema = moved.routing_schema
     if schema is None:
-        return _rescheduled(conn, calls, rows)
+        return _rescheduled(conn, calls, moved)
     trace.routing = schema
     translate_map(schema)  # before any write: a bad name changes nothing
     # The savepoint makes "an error after the take loses nothing" hold for a caller's
@@ -344,98 +464,91 @@ def _flow(conn: Connection, calls: Sequence[Call], trace: _Trace) -> list[Outcom
 
 def _canonical(conn: Connection, calls: Sequence[Call]) -> list[Outcome]:
     batch, items = _attempts_as_binds(calls)
-    rows = execute(conn, statements.canonical_move(routed=False, batch=batch), items).all()
-    return _rescheduled(conn, calls, rows)
+    moved = Moved.read(execute(conn, statements.canonical_move(routed=False, batch=batch), items))
+    return _rescheduled(conn, calls, moved)
 
 
-def _rescheduled(conn: Connection, calls: Sequence[Call], rows: Sequence[Any]) -> list[Outcome]:
+def _rescheduled(conn: Connection, calls: Sequence[Call], moved: Moved) -> list[Outcome]:
     """Outcomes of a canonical move, or of one move per attempt when it touched nothing."""
-    if len(calls) == 1:
-        # One attempt (scalar binds, shared_key false): the one row is head joined to it.
-        row = rows[0]
-        return [Stale() if row.id is None else Rescheduled(row.id, row.run_at, row.attempt)]
-    if rows[0].shared_key:
+    if moved.shared_key:
         return [_canonical(conn, [call])[0] for call in calls]
     first: dict[tuple[int, int], int] = {}
     for index, call in enumerate(calls):
         first.setdefault((call.params["guard_id"], call.params["guard_lease"]), index)
     outcomes: list[Outcome] = [Stale()] * len(calls)
-    for row in rows:
-        if row.id is not None:  # (id, run_lease) names the first item that asked for it
-            outcomes[first[(row.id, row.run_lease)]] = Rescheduled(row.id, row.run_at, row.attempt)
+    for job in moved.jobs:  # (id, run_lease) names the first item that asked for it
+        outcomes[first[(job.job_id, job.run_lease)]] = Rescheduled(
+            job.job_id, job.run_at, job.attempt
+        )
     return outcomes
 
 
 def _queue_storage(conn: Connection, calls: Sequence[Call], schema: str) -> list[Outcome]:
     batch, items = _attempts_as_binds(calls)
-    rows = execute(conn, statements.take_and_allocate(batch=batch), items, schema).all()
-    if rows[0].shared_key:
+    taken = Taken.read(execute(conn, statements.take_and_allocate(batch=batch), items, schema))
+    if taken.shared_key:
         return [_queue_storage(conn, [call], schema)[0] for call in calls]
-    taken = [row for row in rows if row.ord is not None]
-    for row in taken:
-        if row.job_id is None:
-            raise ValidationError(
-                "queue storage payload metadata must be a JSON object (job "
-                f"{calls[row.ord - 1].job_id} has {row.metadata_type}); the job was left unchanged"
-            )
+    for index, metadata_type in taken.not_objects:
+        raise ValidationError(
+            "queue storage payload metadata must be a JSON object (job "
+            f"{calls[index].job_id} has {metadata_type}); the job was left unchanged"
+        )
     outcomes: list[Outcome] = [Stale()] * len(calls)
-    left = sorted(set(range(len(calls))) - {row.ord - 1 for row in taken})
+    left = sorted(set(range(len(calls))) - {job.index for job in taken.jobs})
     if left:
         # Callback wiring (the guard still matches) or a guard miss: the canonical move decides.
         moved = _canonical(conn, [calls[index] for index in left])
         for index, outcome in zip(left, moved, strict=True):
             outcomes[index] = outcome
-    migrated, lost = _defer(conn, taken, schema)
-    for row in migrated:
-        outcomes[row.ord - 1] = Migrated(row.job_id, row.run_at, row.attempt)
-    for row in sorted(lost, key=lambda row: row.ord):
+    migrated, lost = _defer(conn, taken.jobs, schema)
+    for job in migrated:
+        outcomes[job.index] = Migrated(job.job_id, job.run_at, job.attempt)
+    for job in sorted(lost, key=lambda job: job.index):
         # A newer job owns the key: record the successor as a cancelled duplicate.
-        outcomes[row.ord - 1] = _cancel_duplicate(conn, row, schema)
+        outcomes[job.index] = _cancel_duplicate(conn, job, schema)
     return outcomes
 
 
 def _defer(
-    conn: Connection, taken: list[Row[Any]], schema: str
-) -> tuple[list[Row[Any]], list[Row[Any]]]:
+    conn: Connection, taken: list[TakenJob], schema: str
+) -> tuple[list[TakenJob], list[TakenJob]]:
     """Write the successors as deferred rows. Returns (written, lost to a newer claim holder).
 
-    Rows whose claims other jobs hold are dropped and the rest written again; a unique
-    violation that no claim explains cannot be pinned on a row, so each row is then tried
-    alone, in order, and one that still fails is lost.
+    Jobs whose claims other jobs hold are dropped and the rest written again; a unique
+    violation that no claim explains cannot be pinned on a job, so each is then tried alone,
+    in order, and one that still fails is lost.
     """
-    pending, lost = taken, list[Row[Any]]()
+    pending, lost = taken, list[TakenJob]()
     while pending:
-        held = _claim_and_insert(conn, pending, schema)
-        if held is None and len(pending) > 1:
-            written, alone_lost = _defer_each(conn, pending, schema)
-            return written, lost + alone_lost
-        if held is None:
-            return [], lost + pending
-        if not held:
-            return pending, lost
-        lost += held
-        pending = [row for row in pending if row not in held]
+        match _claim_and_insert(conn, pending, schema):
+            case Written():
+                return pending, lost
+            case Held(jobs=held):
+                lost += held
+                pending = [job for job in pending if job not in held]
+            case Unexplained() if len(pending) > 1:
+                written, alone_lost = _defer_each(conn, pending, schema)
+                return written, lost + alone_lost
+            case Unexplained():
+                return [], lost + pending
     return [], lost
 
 
 def _defer_each(
-    conn: Connection, rows: list[Row[Any]], schema: str
-) -> tuple[list[Row[Any]], list[Row[Any]]]:
-    """Each row alone under its own savepoint, in order. Returns (written, lost)."""
-    written, lost = list[Row[Any]](), list[Row[Any]]()
-    for row in rows:
-        (written if _claim_and_insert(conn, [row], schema) == [] else lost).append(row)
+    conn: Connection, jobs: list[TakenJob], schema: str
+) -> tuple[list[TakenJob], list[TakenJob]]:
+    """Each job alone under its own savepoint, in order. Returns (written, lost)."""
+    written, lost = list[TakenJob](), list[TakenJob]()
+    for job in jobs:
+        ended = _claim_and_insert(conn, [job], schema)
+        (written if isinstance(ended, Written) else lost).append(job)
     return written, lost
 
 
-def _claim_and_insert(conn: Connection, rows: list[Row[Any]], schema: str) -> list[Row[Any]] | None:
-    """Claim the rows' keys, then insert them as deferred rows, under one savepoint.
-
-    ``[]`` when written; else nothing is written and the result says why (see
-    :func:`_claimed_then_written`).
-    """
-    claiming = [r for r in rows if _claims(r.unique_key, r.unique_states, r.state)]
-    batch, successors = _as_binds([_successor(row) for row in rows])
+def _claim_and_insert(conn: Connection, jobs: list[TakenJob], schema: str) -> ClaimedWrite:
+    """Claim the jobs' keys, then insert them as deferred rows, under one savepoint."""
+    claiming = [job for job in jobs if _claims(job, job.state)]
+    batch, successors = _as_binds([job.successor for job in jobs])
     deferred = statements.insert_deferred(batch=batch)
 
     def write() -> None:
@@ -445,14 +558,13 @@ def _claim_and_insert(conn: Connection, rows: list[Row[Any]], schema: str) -> li
 
 
 def _claimed_then_written(
-    conn: Connection, claiming: Sequence[Row[Any]], write: Callable[[], object]
-) -> list[Row[Any]] | None:
+    conn: Connection, claiming: Sequence[TakenJob], write: Callable[[], object]
+) -> ClaimedWrite:
     """Claim *claiming*'s keys, then *write*, under a savepoint that keeps either undoable.
 
-    Returns ``[]`` when written, else nothing is written: the rows whose claims other jobs
-    hold, or None for a unique violation no claim explains. A lost claim leaves PostgreSQL's
-    lock on the holder's claim row, which only rolling the savepoint back releases. The
-    deferred rows and the cancelled row each get a savepoint of their own this way.
+    A lost claim leaves PostgreSQL's lock on the holder's claim row, which only rolling the
+    savepoint back releases. The deferred rows and the cancelled row each get a savepoint of
+    their own this way.
     """
     try:
         # Translated inside the try, so that a unique violation is caught as one.
@@ -460,18 +572,14 @@ def _claimed_then_written(
             held = _unacquired(conn, claiming)
             if held:
                 savepoint.rollback()
-            else:
-                write()
+                return Held(held)
+            write()
     except UniqueConflict:
-        return None
-    return held
+        return Unexplained()
+    return Written()
 
 
-def _successor(row: Row[Any]) -> dict[str, Any]:
-    return {f"b_{name}": getattr(row, name) for name in statements.SUCCESSOR_FIELDS}
-
-
-def _cancel_duplicate(conn: Connection, take: Row[Any], schema: str) -> Outcome:
+def _cancel_duplicate(conn: Connection, take: TakenJob, schema: str) -> Outcome:
     ring = execute(conn, statements.ring_cursor(), {}, schema).first()
     if ring is None:
         raise DatabaseError(f"{schema}.queue_ring_state has no singleton row")
@@ -490,7 +598,7 @@ def _cancel_duplicate(conn: Connection, take: Row[Any], schema: str) -> Outcome:
         "terminal": True,
     }
     row = {
-        **_successor(take),
+        **take.successor,
         "b_ready_slot": ring.current_slot,
         "b_ready_generation": ring.generation,
         "b_finalized_at": finalized_at,
@@ -504,33 +612,34 @@ def _cancel_duplicate(conn: Connection, take: Row[Any], schema: str) -> Outcome:
 
 
 def _claim_and_insert_cancelled(
-    conn: Connection, take: Row[Any], row: Mapping[str, Any], schema: str
+    conn: Connection, take: TakenJob, row: Mapping[str, Any], schema: str
 ) -> bool:
     """Claim the key (if the cancelled state claims it), then insert the cancelled row.
 
     Under its own savepoint: False, with nothing written, when another job holds the key.
     """
-    claiming = [take] if _claims(take.unique_key, take.unique_states, "cancelled") else []
+    claiming = [take] if _claims(take, "cancelled") else []
     cancelled = statements.insert_cancelled()
-    written = _claimed_then_written(conn, claiming, lambda: execute(conn, cancelled, row, schema))
-    return written == []
+    ended = _claimed_then_written(conn, claiming, lambda: execute(conn, cancelled, row, schema))
+    return isinstance(ended, Written)
 
 
-def _claims(unique_key: bytes | None, unique_states: str | None, state: str) -> bool:
-    """Does a queue-storage row in *state* claim its key? (docs/contract.md#claims)."""
-    if unique_key is None or unique_states is None:
+def _claims(job: TakenJob, state: str) -> bool:
+    """Does *job*'s successor, in *state*, claim its key? (docs/contract.md#claims)."""
+    if job.unique_key is None or job.unique_states is None:
         return False
     bit = JOB_STATES.index(state)
-    return len(unique_states) > bit and unique_states[bit] == "1"
+    return len(job.unique_states) > bit and job.unique_states[bit] == "1"
 
 
-def _unacquired(conn: Connection, rows: Sequence[Row[Any]]) -> list[Row[Any]]:
-    """Claim ``(unique_key, job_id)`` for each row; the rows whose key another job holds."""
-    if not rows:
+def _unacquired(conn: Connection, jobs: Sequence[TakenJob]) -> list[TakenJob]:
+    """Claim ``(unique_key, job_id)`` for each job; the jobs whose key another job holds."""
+    if not jobs:
         return []
-    batch, params = _as_binds([{"b_unique_key": r.unique_key, "b_job_id": r.job_id} for r in rows])
+    claims = [{"b_unique_key": job.unique_key, "b_job_id": job.job_id} for job in jobs]
+    batch, params = _as_binds(claims)
     acquired = set(execute(conn, statements.claim_unique_keys(batch=batch), params).scalars())
-    return [row for row in rows if row.job_id not in acquired]
+    return [job for job in jobs if job.job_id not in acquired]
 
 
 def rfc3339_now() -> str:

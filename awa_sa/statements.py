@@ -56,6 +56,7 @@ from sqlalchemy import (
     literal_column,
     null,
     select,
+    table,
     true,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, INTERVAL, JSONB
@@ -82,6 +83,16 @@ KindTag = Literal["snooze", "retry_after", "retry_backoff"]
 
 ITEM_PARAMS = ("guard_id", "guard_lease", "b_tag", "b_delay", "b_error", "b_progress")
 """The per-attempt bind arrays of the moving statements, in unnest order."""
+
+ROUTING_BODY_MD5 = {
+    "awa.active_storage_engine()": "2d08edf5c7f3a3a0b4969ccfde457de7",
+    "awa.active_queue_storage_schema()": "9ed6712cdfb4be3bc945808d16271511",
+}
+"""``md5(prosrc)`` of the routing functions awa-cli 0.6.6 to 0.6.9 install (identical bodies).
+
+The one-statement canonical path copies ``active_storage_engine()``'s expression; it trusts
+that copy only while the installed bodies are these (docs/contract.md#routing-guard).
+"""
 
 LIFECYCLE_DUPLICATE = "rescheduled as duplicate: unique claim held by a newer job"
 
@@ -366,12 +377,15 @@ def _errors_after(taken: CTE) -> ColumnElement[Any]:
     )
 
 
-# --- routing ------------------------------------------------------------------------------
+# --- routing, on the path after the one statement ----------------------------------------
 
 
 @_statement
 def routing_lock() -> Select[Any]:
-    """Statement 1: share-lock the transition singleton; no row means canonical routing.
+    """Share-lock the transition singleton; no row means canonical routing.
+
+    The first step of the path the call goes on with when :func:`move_if_canonical` moved
+    nothing (docs/contract.md#routing).
 
     Every storage transition locks this row exclusively first, so holding it to the end of the
     transaction keeps routing fixed until the write commits (docs/contract.md#routing-lock).
@@ -433,7 +447,7 @@ def _insert_scheduled(taken: CTE) -> CTE:
 
 @_statement
 def canonical_move(*, routed: bool, batch: bool) -> Select[Any]:
-    """Statement 2: read routing afresh and, only if it is NULL, move the rows.
+    """After :func:`routing_lock`: read routing afresh and, only if it is NULL, move the rows.
 
     See docs/contract.md#routing and #canonical-move.
 
@@ -454,6 +468,107 @@ def canonical_move(*, routed: bool, batch: bool) -> Select[Any]:
     head = _head(routing_schema, _shared_key(firsts, batch).label("shared_key"))
     routed_here = _scalar(head, "routing_schema").is_(None)
     taken = _take(firsts, head, batch=batch, routed_here=[routed_here])
+    moved = _insert_scheduled(taken)
+    return _head_then(
+        head,
+        moved,
+        moved.c.id,
+        moved.c.run_lease,
+        _representable(moved.c.run_at).label("run_at"),
+        moved.c.attempt,
+    )
+
+
+# --- the one statement: routing from the locked row, guarded, then the move ----------------
+
+
+def _active_engine(row: Any) -> ColumnElement[Any]:
+    """``awa.active_storage_engine()``'s expression over *row*, before its ``COALESCE``.
+
+    Copied from the body awa-cli installs (``ROUTING_BODY_MD5``): in mixed_transition and
+    active the prepared engine, else the current one, trimmed, blank meaning none.
+    """
+    flipping = row.c.state.in_([literal_column("'mixed_transition'"), literal_column("'active'")])
+    engine = case(
+        (flipping, func.coalesce(row.c.prepared_engine, row.c.current_engine)),
+        else_=row.c.current_engine,
+    )
+    return func.nullif(func.btrim(engine, type_=Text), literal_column("''"), type_=Text)
+
+
+def _locked_routing() -> CTE:
+    """Share-lock the singleton and compute the engine from the row version that was locked.
+
+    Under READ COMMITTED a ``FOR SHARE`` that waited for a transition locks and returns the
+    newest committed version of the row, whatever the statement's snapshot; the STABLE
+    function would read that older snapshot (docs/contract.md#one-statement). Materialized,
+    so it runs once, and first: :func:`_routed_head` reads it in its FROM.
+    """
+    state = storage_transition_state
+    return (
+        select(_active_engine(state).label("engine"))
+        .where(state.c.singleton)
+        .with_for_update(read=True)
+        .cte("routing")
+        .prefix_with("MATERIALIZED")
+    )
+
+
+def _body_is(function: str, md5: str) -> ColumnElement[bool]:
+    proc = table("pg_proc", column("oid"), column("prosrc"), schema="pg_catalog")
+    body = (
+        select(func.md5(proc.c.prosrc, type_=Text))
+        .where(proc.c.oid == func.to_regprocedure(literal_column(f"'{function}'")))
+        .scalar_subquery()
+    )
+    return body == literal_column(f"'{md5}'")
+
+
+def _bodies_known() -> ColumnElement[bool]:
+    """Are the installed routing functions the ones :func:`_active_engine` copies?
+
+    Checked in every call, so a migration that replaced either is seen by connections that
+    sat in a pool meanwhile. A missing function hashes to NULL, which is not known either.
+    """
+    known = and_(*(_body_is(name, md5) for name, md5 in ROUTING_BODY_MD5.items()))
+    return func.coalesce(known, false())
+
+
+def _routed_head(routing: CTE, firsts: CTE, batch: bool) -> CTE:
+    """The first row: ``queue_storage``, ``guarded``, ``shared_key``, in that order of work.
+
+    Selected FROM the routing CTE (outer-joined to one row, for the missing singleton), so the
+    singleton is locked before anything reads ``awa.jobs_hot`` -- the shared-key check does.
+    """
+    engine = func.coalesce(routing.c.engine, literal_column("'canonical'"), type_=Text)
+    one = select(literal_column("1").label("one")).subquery("one")
+    return (
+        select(
+            (engine == literal_column("'queue_storage'")).label("queue_storage"),
+            _bodies_known().label("guarded"),
+            _shared_key(firsts, batch).label("shared_key"),
+        )
+        .select_from(one.outerjoin(routing, true()))
+        .cte("head")
+        .prefix_with("MATERIALIZED")
+    )
+
+
+@_statement
+def move_if_canonical(*, batch: bool) -> Select[Any]:
+    """The canonical reschedule in one statement: lock, route, guard, move (docs/contract.md).
+
+    Routing comes from the singleton row this statement share-locks, not from the function
+    (see ``_locked_routing``), and only while the installed routing bodies are the known ones.
+    The move is :func:`canonical_move`'s, column for column. The first row says whether the
+    call must go on: ``queue_storage`` (routing points there), ``guarded`` false (unknown
+    routing bodies) or ``shared_key`` (see ``_shared_key``) -- then nothing was touched. Then
+    one row per moved job ``(id, run_lease, run_at, attempt)``, as for ``canonical_move``.
+    """
+    firsts = _firsts(batch)
+    head = _routed_head(_locked_routing(), firsts, batch)
+    routed_here = [~_scalar(head, "queue_storage"), _scalar(head, "guarded")]
+    taken = _take(firsts, head, batch=batch, routed_here=routed_here)
     moved = _insert_scheduled(taken)
     return _head_then(
         head,

@@ -157,10 +157,13 @@ $fn$;
 
 # Routing is decided in the database, from the table, by a STABLE function: that is what makes a
 # one-statement "lock and read" see the statement's (possibly stale) snapshot, the behaviour
-# docs/contract.md#routing-read is about. Blank handling follows what the awa-cli 0.6.9 functions
-# were observed to do (the catalog prose is looser): engine names are trimmed and blank ones
-# count as missing; a details schema counts as missing only when it is exactly '' (it is not
-# trimmed), and the marker row's schema_name is taken as it is, even when empty.
+# docs/contract.md#routing-read is about. Both bodies are the ones `awa migrate` installs, byte for
+# byte (awa-cli 0.6.6 to 0.6.9 install the same): the reschedule's one-statement canonical path
+# computes routing inline from the locked row and checks, in every call, that the installed
+# bodies hash to these (awa_sa.statements.ROUTING_BODY_MD5). Blank handling follows from them:
+# in mixed_transition/active a blank prepared_engine hides current_engine (COALESCE only skips
+# NULL, the blank is trimmed to '' afterwards, so routing is canonical); a details schema counts
+# as missing only when it is exactly '' (not trimmed); the marker's schema_name is taken as is.
 ROUTING = """
 CREATE FUNCTION awa.active_storage_engine()
 RETURNS text
@@ -169,15 +172,22 @@ STABLE
 SET search_path = pg_catalog, awa
 AS $fn$
     SELECT COALESCE(
-        (SELECT CASE
-                    WHEN s.state IN ('mixed_transition', 'active')
-                        THEN COALESCE(NULLIF(btrim(s.prepared_engine), ''),
-                                      NULLIF(btrim(s.current_engine), ''))
-                    ELSE NULLIF(btrim(s.current_engine), '')
-                END
-         FROM storage_transition_state AS s
-         WHERE s.singleton),
-        'canonical')
+        (
+            SELECT NULLIF(
+                btrim(
+                    CASE
+                        WHEN state IN ('mixed_transition', 'active')
+                            THEN COALESCE(prepared_engine, current_engine)
+                        ELSE current_engine
+                    END
+                ),
+                ''
+            )
+            FROM awa.storage_transition_state
+            WHERE singleton
+        ),
+        'canonical'
+    )
 $fn$;
 
 CREATE FUNCTION awa.active_queue_storage_schema()
@@ -187,17 +197,24 @@ STABLE
 SET search_path = pg_catalog, awa, public
 AS $fn$
 DECLARE
-    v_details jsonb;
+    v_schema TEXT;
 BEGIN
-    SELECT s.details INTO v_details FROM storage_transition_state AS s WHERE s.singleton;
-    IF NOT FOUND OR active_storage_engine() IS DISTINCT FROM 'queue_storage' THEN
-        RETURN NULL;
-    END IF;
-    RETURN COALESCE(
-        NULLIF(v_details ->> 'schema', ''),
-        (SELECT b.schema_name FROM runtime_storage_backends AS b WHERE b.backend = 'queue_storage'),
-        'awa');
-END
+    SELECT COALESCE(
+        NULLIF(sts.details->>'schema', ''),
+        (
+            SELECT rsb.schema_name
+            FROM awa.runtime_storage_backends AS rsb
+            WHERE rsb.backend = 'queue_storage'
+        ),
+        'awa'
+    )
+    INTO v_schema
+    FROM awa.storage_transition_state AS sts
+    WHERE sts.singleton
+      AND awa.active_storage_engine() = 'queue_storage';
+
+    RETURN v_schema;
+END;
 $fn$;
 """
 

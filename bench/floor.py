@@ -1,8 +1,11 @@
-"""The floors: the canonical reschedule done by hand on each raw driver.
+"""The floors: the canonical reschedule done by hand on each raw driver, two ways.
 
-BEGIN, the lock, the move, COMMIT: the text awa-sa sends on that driver (:mod:`awa_sa.compiled`),
-prepared where the driver prepares (psycopg 3 explicitly, asyncpg always; psycopg2 binds on the
-client, pg8000 prepares and drops each statement). What is left between a floor and awa-sa on
+The two-statement floor: BEGIN, the lock, the routing move, COMMIT -- four round trips, the
+canonical path before the one statement, in the text awa-sa sends for those statements on that
+driver (:mod:`awa_sa.compiled`). The one-statement floor: the one statement
+(``statements.move_if_canonical``) alone in autocommit, one round trip. Both are prepared where
+the driver prepares (psycopg 3 explicitly, asyncpg always; psycopg2 binds on the client, pg8000
+prepares and drops each statement). What is left between the one-statement floor and awa-sa on
 the same driver is SQLAlchemy and awa-sa, nothing else.
 """
 
@@ -111,5 +114,72 @@ def asyncpg_floor(
         async with conn.transaction():
             await conn.fetch(lock.sql)
             return await conn.fetch(move.sql, *move.params(move_values(job_id, lease)))
+
+    return blocking(loop, op), lambda: loop.run_until_complete(conn.close())
+
+
+# -- the one statement, alone in autocommit: one round trip, prepared where the driver prepares
+
+
+def psycopg_one_floor(dsn: str, one: Compiled) -> tuple[Op, Close]:
+    conn = psycopg.connect(dsn, autocommit=True)
+
+    def op(job_id: int, lease: int) -> Any:
+        rows = conn.execute(one.sql, one.params(move_values(job_id, lease)), prepare=True)
+        return rows.fetchall()
+
+    return op, conn.close
+
+
+def psycopg_async_one_floor(
+    dsn: str, one: Compiled, loop: asyncio.AbstractEventLoop
+) -> tuple[Op, Close]:
+    conn = loop.run_until_complete(psycopg.AsyncConnection.connect(dsn, autocommit=True))
+
+    async def op(job_id: int, lease: int) -> Any:
+        cur = await conn.execute(one.sql, one.params(move_values(job_id, lease)), prepare=True)
+        return await cur.fetchall()
+
+    return blocking(loop, op), lambda: loop.run_until_complete(conn.close())
+
+
+def psycopg2_one_floor(dsn: str, one: Compiled) -> tuple[Op, Close]:
+    import psycopg2  # noqa: PLC0415 -- an optional driver; its group is skipped without it
+
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+
+    def op(job_id: int, lease: int) -> Any:
+        with conn.cursor() as cur:
+            cur.execute(one.sql, one.params(move_values(job_id, lease)))
+            return cur.fetchall()
+
+    return op, conn.close
+
+
+def pg8000_one_floor(dsn: str, one: Compiled) -> tuple[Op, Close]:
+    import pg8000.dbapi  # noqa: PLC0415 -- an optional driver; its group is skipped without it
+
+    url = make_url(dsn)
+    conn = pg8000.dbapi.connect(
+        user=url.username, host=url.host, port=url.port, database=url.database
+    )
+    conn.autocommit = True
+
+    def op(job_id: int, lease: int) -> Any:
+        cur = conn.cursor()
+        cur.execute(one.sql, one.params(move_values(job_id, lease)))
+        return cur.fetchall()
+
+    return op, conn.close
+
+
+def asyncpg_one_floor(dsn: str, one: Compiled, loop: asyncio.AbstractEventLoop) -> tuple[Op, Close]:
+    import asyncpg  # noqa: PLC0415 -- an optional driver; its group is skipped without it
+
+    conn = loop.run_until_complete(asyncpg.connect(dsn))
+
+    async def op(job_id: int, lease: int) -> Any:
+        return await conn.fetch(one.sql, *one.params(move_values(job_id, lease)))
 
     return blocking(loop, op), lambda: loop.run_until_complete(conn.close())

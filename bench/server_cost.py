@@ -5,8 +5,10 @@ it on (with planning time), so nothing else the bench does is counted. For each 
 statistics are reset, a run of reschedules is made, and the execution plus planning time of
 every statement the server saw (BEGIN and COMMIT included) is divided by the reschedules.
 
-The third row is Awa's routing function called alone, one statement per transaction: the
-share of either form that is Awa's to make cheaper, not the caller's.
+The second row is the two-statement path awa-sa took before the one statement (and still takes
+when routing says queue storage): BEGIN, the lock, the routing move, COMMIT, raw psycopg. The
+last row is Awa's routing function called alone, one statement per transaction: the share of
+the two-statement forms that the one statement saves by reading the locked row instead.
 
 The straightforward form is what a hand-written reschedule would send: one statement that takes
 the singleton ``FOR SHARE`` and calls ``awa.active_queue_storage_schema()``, then a plain
@@ -23,7 +25,7 @@ import psycopg
 import sqlalchemy as sa
 
 from awa_sa import reschedule_canonical_attempt
-from bench.workload import KIND, Jobs
+from bench.workload import KIND, Jobs, canonical_texts, move_values
 
 SETTINGS = ("shared_preload_libraries=pg_stat_statements", "pg_stat_statements.track=none")
 _TRACKED = "-c pg_stat_statements.track=top -c pg_stat_statements.track_planning=on"
@@ -62,7 +64,7 @@ def measure(url: str, dbname: str, calls: int) -> dict[str, Any]:
     with admin.begin() as conn:
         conn.execute(sa.text("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
     jobs = Jobs(url)
-    jobs.seed(3 * (calls + 20))
+    jobs.seed(4 * (calls + 20))
     dsn = url.replace("+psycopg", "")
     raw = psycopg.connect(dsn, options=_TRACKED)
 
@@ -75,13 +77,25 @@ def measure(url: str, dbname: str, calls: int) -> dict[str, Any]:
         raw.execute(STRAIGHT_MOVE, values, prepare=True).fetchall()
         raw.commit()
 
+    lock, move = canonical_texts(tracked.dialect)
+
+    def two_statements(job_id: int, lease: int) -> None:
+        raw.execute(lock.sql, prepare=True).fetchall()
+        raw.execute(move.sql, move.params(move_values(job_id, lease)), prepare=True).fetchall()
+        raw.commit()
+
     def routing_read(job_id: int, lease: int) -> None:
         raw.execute("SELECT awa.active_queue_storage_schema()", prepare=True).fetchall()
         raw.commit()
 
     out: dict[str, Any] = {}
     try:
-        forms = (("awa-sa", awa), ("straightforward", straight), ("routing read", routing_read))
+        forms = (
+            ("awa-sa", awa),
+            ("two statements", two_statements),
+            ("straightforward", straight),
+            ("routing read", routing_read),
+        )
         for name, op in forms:
             for job_id, lease in jobs.take(20):  # connect, prepare: not part of a call's cost
                 op(job_id, lease)

@@ -1,10 +1,11 @@
 """Every way the bench reschedules one canonical attempt, grouped by driver.
 
-Per driver: the raw floor (:mod:`bench.floor`); SQLAlchemy's minimal path, ``exec_driver_sql``
-of the same two texts in one transaction, each result read (the lock's row tells whether the
-singleton exists), through an ``Engine`` (or ``AsyncEngine``) and through a held
-``Connection``; and awa-sa in the same two forms. The SQLAlchemy rows show how much of the gap
-between awa-sa and the floor is SQLAlchemy's own, and the awa-sa rows what is left ours.
+Per driver: the two raw floors (:mod:`bench.floor`: BEGIN/lock/move/COMMIT, and the one
+statement alone in autocommit); SQLAlchemy's minimal path, ``exec_driver_sql`` of the one
+statement's text with its rows read, through an ``Engine`` (or ``AsyncEngine``) made with
+``isolation_level="AUTOCOMMIT"`` and through a held ``Connection`` in a transaction; and awa-sa
+in the same two forms. The SQLAlchemy rows show how much of the gap between awa-sa and the
+one-statement floor is SQLAlchemy's own, and the awa-sa rows what is left ours.
 
 A form awa-sa cannot run on a driver yet is left out and said so (``skipped``), so the bench
 still runs while a driver is being brought up.
@@ -26,7 +27,7 @@ from awa_sa import reschedule_canonical_attempt
 from awa_sa.errors import AwaSAError
 from bench import floor
 from bench.floor import Close, Op, blocking
-from bench.workload import KIND, Jobs, canonical_texts, move_values
+from bench.workload import KIND, Jobs, canonical_texts, move_values, one_statement_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,14 +36,17 @@ class Driver:
     url_driver: str  # postgresql+<url_driver>://
     is_async: bool
     floor: Callable[..., tuple[Op, Close]]
+    one_floor: Callable[..., tuple[Op, Close]]
 
 
 DRIVERS = (
-    Driver("psycopg", "psycopg", False, floor.psycopg_floor),
-    Driver("psycopg async", "psycopg", True, floor.psycopg_async_floor),
-    Driver("psycopg2", "psycopg2", False, floor.psycopg2_floor),
-    Driver("pg8000", "pg8000", False, floor.pg8000_floor),
-    Driver("asyncpg", "asyncpg", True, floor.asyncpg_floor),
+    Driver("psycopg", "psycopg", False, floor.psycopg_floor, floor.psycopg_one_floor),
+    Driver(
+        "psycopg async", "psycopg", True, floor.psycopg_async_floor, floor.psycopg_async_one_floor
+    ),
+    Driver("psycopg2", "psycopg2", False, floor.psycopg2_floor, floor.psycopg2_one_floor),
+    Driver("pg8000", "pg8000", False, floor.pg8000_floor, floor.pg8000_one_floor),
+    Driver("asyncpg", "asyncpg", True, floor.asyncpg_floor, floor.asyncpg_one_floor),
 )
 
 
@@ -91,21 +95,21 @@ def build(
 
 def _sync_driver(out: Variants, driver: Driver, url: str, dsn: str, jobs: Jobs) -> None:
     engine = sa.create_engine(url, pool_size=2)
-    lock, move = canonical_texts(engine.dialect)
+    autocommit = sa.create_engine(url, pool_size=2, isolation_level="AUTOCOMMIT")
+    one = one_statement_text(engine.dialect)
     held = engine.connect()
-    out.closers += [engine.dispose, held.close]
-    floor_op, close_floor = driver.floor(dsn, (lock, move))
-    out.closers.append(close_floor)
+    out.closers += [engine.dispose, autocommit.dispose, held.close]
+    floor_op, close_floor = driver.floor(dsn, canonical_texts(engine.dialect))
+    one_op, close_one = driver.one_floor(dsn, one)
+    out.closers += [close_floor, close_one]
 
     def sa_engine(job_id: int, lease: int) -> Any:
-        with engine.begin() as conn:
-            conn.exec_driver_sql(lock.sql).first()
-            return conn.exec_driver_sql(move.sql, move.params(move_values(job_id, lease))).all()
+        with autocommit.connect() as conn:
+            return conn.exec_driver_sql(one.sql, one.params(move_values(job_id, lease))).all()
 
     def sa_connection(job_id: int, lease: int) -> Any:
         with held.begin():
-            held.exec_driver_sql(lock.sql).first()
-            return held.exec_driver_sql(move.sql, move.params(move_values(job_id, lease))).all()
+            return held.exec_driver_sql(one.sql, one.params(move_values(job_id, lease))).all()
 
     def awa_engine(job_id: int, lease: int) -> Any:
         return reschedule_canonical_attempt(engine, job_id, lease, KIND)
@@ -117,6 +121,7 @@ def _sync_driver(out: Variants, driver: Driver, url: str, dsn: str, jobs: Jobs) 
     g = driver.name
     out.items += [
         Variant(g, "floor", floor_op),
+        Variant(g, "one-statement floor", one_op),
         Variant(g, "SQLAlchemy Engine", sa_engine),
         Variant(g, "SQLAlchemy Connection", sa_connection),
     ]
@@ -134,26 +139,27 @@ def _async_driver(
     jobs: Jobs,
 ) -> None:
     engine = create_async_engine(url, pool_size=2)
-    lock, move = canonical_texts(engine.dialect)
+    autocommit = create_async_engine(url, pool_size=2, isolation_level="AUTOCOMMIT")
+    one = one_statement_text(engine.dialect)
     held: AsyncConnection = loop.run_until_complete(engine.connect())
     out.closers += [
         lambda: loop.run_until_complete(engine.dispose()),
+        lambda: loop.run_until_complete(autocommit.dispose()),
         lambda: loop.run_until_complete(held.close()),
     ]
-    floor_op, close_floor = driver.floor(dsn, (lock, move), loop)
-    out.closers.append(close_floor)
+    floor_op, close_floor = driver.floor(dsn, canonical_texts(engine.dialect), loop)
+    one_op, close_one = driver.one_floor(dsn, one, loop)
+    out.closers += [close_floor, close_one]
 
     async def sa_engine(job_id: int, lease: int) -> Any:
-        async with engine.begin() as conn:
-            (await conn.exec_driver_sql(lock.sql)).first()
-            params = move.params(move_values(job_id, lease))
-            return (await conn.exec_driver_sql(move.sql, params)).all()
+        async with autocommit.connect() as conn:
+            params = one.params(move_values(job_id, lease))
+            return (await conn.exec_driver_sql(one.sql, params)).all()
 
     async def sa_connection(job_id: int, lease: int) -> Any:
         async with held.begin():
-            (await held.exec_driver_sql(lock.sql)).first()
-            params = move.params(move_values(job_id, lease))
-            return (await held.exec_driver_sql(move.sql, params)).all()
+            params = one.params(move_values(job_id, lease))
+            return (await held.exec_driver_sql(one.sql, params)).all()
 
     async def awa_engine(job_id: int, lease: int) -> Any:
         return await awa_async.reschedule_canonical_attempt(engine, job_id, lease, KIND)
@@ -165,6 +171,7 @@ def _async_driver(
     g = driver.name
     out.items += [
         Variant(g, "floor", floor_op),
+        Variant(g, "one-statement floor", one_op),
         Variant(g, "SQLAlchemy AsyncEngine", blocking(loop, sa_engine)),
         Variant(g, "SQLAlchemy AsyncConnection", blocking(loop, sa_connection)),
     ]

@@ -90,11 +90,17 @@ class Jobs:
 
 
 def canonical_texts(dialect: Dialect) -> tuple[Compiled, Compiled]:
-    """The canonical reschedule's two statements exactly as awa-sa sends them on *dialect*."""
+    """The two statements of the path before the one statement (the lock, the routing move),
+    as awa-sa sends them on *dialect* when it goes on from the one statement."""
     return (
         compiled(statements.routing_lock(), dialect),
         compiled(statements.canonical_move(routed=True, batch=False), dialect),
     )
+
+
+def one_statement_text(dialect: Dialect) -> Compiled:
+    """The canonical reschedule's one statement exactly as awa-sa sends it on *dialect*."""
+    return compiled(statements.move_if_canonical(batch=False), dialect)
 
 
 def move_values(job_id: int, lease: int) -> dict[str, Any]:

@@ -91,9 +91,13 @@ def backend_pid(conn: sa.Connection) -> int:
 
 @dataclass(frozen=True)
 class Waiter:
+    """A blocked session. ``row_of``: the table whose row it waits for (it holds that row's
+    tuple lock while it waits), since ``query`` is cut at 1024 bytes by the server."""
+
     pid: int
     query: str
     wait_event: str | None
+    row_of: str | None = None
 
 
 def blocked_by(observer: sa.Engine, holder_pid: int) -> list[Waiter]:
@@ -101,13 +105,15 @@ def blocked_by(observer: sa.Engine, holder_pid: int) -> list[Waiter]:
     with observer.connect() as conn:
         rows = conn.execute(
             sa.text(
-                "SELECT pid, query, wait_event FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-                "AND :holder = ANY (pg_blocking_pids(pid)) ORDER BY backend_start"
+                "SELECT a.pid, a.query, a.wait_event, (SELECT l.relation::regclass::text "
+                "FROM pg_locks AS l WHERE l.pid = a.pid AND l.locktype = 'tuple' LIMIT 1) "
+                "AS row_of FROM pg_stat_activity AS a "
+                "WHERE a.datname = current_database() AND a.pid <> pg_backend_pid() "
+                "AND :holder = ANY (pg_blocking_pids(a.pid)) ORDER BY a.backend_start"
             ),
             {"holder": holder_pid},
         ).all()
-    return [Waiter(int(r.pid), str(r.query), r.wait_event) for r in rows]
+    return [Waiter(int(r.pid), str(r.query), r.wait_event, r.row_of) for r in rows]
 
 
 def wait_until_blocked(
@@ -125,6 +131,7 @@ def wait_until_blocked(
     """
     pending = list(pending)
     deadline = time.monotonic() + timeout
+    waiters: list[Waiter] = []
     while True:
         if len(blocked_by(observer, holder_pid)) >= count:
             # pg_stat_activity's row is a copy taken when the query first read it, while

@@ -27,6 +27,7 @@ _PREFIXES = [
     ("SAVEPOINT", "savepoint"),
 ]
 _STEPS = [  # the first that occurs in the statement wins
+    ("to_regprocedure(", "one statement"),
     ("FOR SHARE", "lock"),
     ("active_queue_storage_schema", "routing+move"),
     ("nextval(", "take+allocate"),

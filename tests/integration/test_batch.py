@@ -424,8 +424,9 @@ def test_lost_claims_and_a_unique_violation_fall_back_per_item(
         ("CancelledDuplicate", 503),
         ("Migrated", 504),
     ]
-    batch = sent[sent.index("lock") :]
-    head = ["lock", "routing+move", "savepoint", "take+allocate"]
+    batch = sent[sent.index("one statement") :]
+    # The Connection form: the one statement locked the singleton; routing is read afresh.
+    head = ["one statement", "routing+move", "savepoint", "take+allocate"]
     assert batch[: len(head)] == head
     assert batch[len(head) : len(head) + 7] == [
         *["savepoint", "claim", "rollback to"],  # b and c lost
@@ -451,6 +452,7 @@ def test_queue_storage_batch_statements_do_not_grow(
     outcomes = reschedule_canonical_attempts(engine, items)
     assert [type(o) for o in outcomes] == [Migrated] * 80 + [Rescheduled] * 10 + [Stale]
     assert sent == [
+        *["BEGIN", "one statement"],  # in autocommit: it says queue storage, so a transaction
         *["BEGIN", "lock", "routing+move", "savepoint", "take+allocate", "move"],
         *["savepoint", "claim", "deferred", "release", "release", "COMMIT"],
     ]

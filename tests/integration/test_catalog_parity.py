@@ -29,6 +29,7 @@ from catalog_facts import (
 )
 
 import awa_sa_schema
+from awa_sa.statements import ROUTING_BODY_MD5
 from awa_sa.testing.server import EmbeddedPostgres
 
 SCHEMAS = ("awa", "awa_qs")
@@ -206,3 +207,54 @@ def test_drift_is_reported_as_exactly_that_difference(
 ) -> None:
     fixture_conn.exec_driver_sql(ddl)
     assert object_diff(expected, live_objects(fixture_conn, SCHEMAS)) == expected_lines
+
+
+# Functions whose bodies the fixture writes itself, with the reason. Every other function both
+# databases have must have Awa's body byte for byte; the routing pair above all, because the
+# one-statement canonical reschedule inlines it and guards that copy by these very bytes.
+_FROM_PROSE = "written from the catalog's prose; test_fixture_functions checks it against Awa's"
+_SUBSTRATE = "the fixture's queue-storage substrate (docs/architecture.md#fixture), same behaviour"
+OWN_BODIES: dict[str, str] = {
+    "awa.backoff_duration(smallint,smallint)": _FROM_PROSE,
+    "awa.job_state_in_bitmask(bit,awa.job_state)": _FROM_PROSE,
+    "awa.sync_job_unique_claims()": _FROM_PROSE,
+    "awa.mark_dirty_keys_delete()": _FROM_PROSE + "; writes *_marks only",
+    "awa.mark_dirty_keys_insert()": _FROM_PROSE + "; writes *_marks only",
+    "awa.mark_dirty_keys_update()": _FROM_PROSE + "; writes *_marks only",
+    "awa.notify_new_job()": _FROM_PROSE,
+    "awa.ensure_lane_sequences(text,smallint,smallint)": _SUBSTRATE,
+    "awa.queue_claim_head_sequence_sync()": _SUBSTRATE,
+    "awa.queue_enqueue_head_sequence_sync()": _SUBSTRATE,
+    "awa.queue_lane_sequence_name(text,text,smallint,smallint)": _SUBSTRATE,
+    "awa.sequence_next_value(text)": _SUBSTRATE,
+    "awa.set_sequence_next(text,bigint)": _SUBSTRATE,
+}
+
+_BODIES = sa.text(
+    """
+    SELECT p.oid::regprocedure::text AS function, md5(p.prosrc) AS body
+    FROM pg_proc AS p JOIN pg_namespace AS n ON n.oid = p.pronamespace
+    WHERE n.nspname = 'awa' AND p.prokind = 'f'
+    """
+)
+
+
+def _bodies(engine: sa.Engine) -> dict[str, str]:
+    with engine.connect() as conn:
+        return {row.function: row.body for row in conn.execute(_BODIES)}
+
+
+def test_function_bodies_are_awa_clis_except_the_documented_ones(
+    fixture_db: sa.Engine, awa_cli_db: sa.Engine
+) -> None:
+    fixture, real = _bodies(fixture_db), _bodies(awa_cli_db)
+    differing = {name for name in fixture.keys() & real.keys() if fixture[name] != real[name]}
+    assert sorted(differing) == sorted(OWN_BODIES)
+
+
+@pytest.mark.parametrize("source", ["fixture_db", "awa_cli_db"])
+def test_routing_bodies_are_the_ones_the_one_statement_path_inlines(
+    request: pytest.FixtureRequest, source: str
+) -> None:
+    bodies = _bodies(request.getfixturevalue(source))
+    assert {name: bodies[name] for name in ROUTING_BODY_MD5} == ROUTING_BODY_MD5

@@ -393,6 +393,13 @@ MIXED = "state = 'mixed_transition', prepared_engine = 'queue_storage'"
             id="blank-prepared-engine",
         ),
         pytest.param(
+            "state = 'mixed_transition', current_engine = 'queue_storage', "
+            "prepared_engine = '  ', details = '{}'",
+            "awa_qs",
+            ("canonical", None),
+            id="blank-prepared-engine-hides-current-engine",
+        ),
+        pytest.param(
             f"""{MIXED}, details = '{{"schema": "  "}}'""",
             None,
             ("queue_storage", "  "),

@@ -162,7 +162,7 @@ def _loser_waits_then_stale(engine: sa.Engine, schema: str | None) -> None:
             lambda: reschedule_canonical_attempt(engine, job_id, lease, RetryAfter(5))
         )
         waiters = wait_until_blocked(engine, winner_tx.pid, pending=[loser])
-        assert "jobs_hot" in waiters[0].query  # waiting on the attempt's row, not on routing
+        assert waiters[0].row_of == "awa.jobs_hot"  # waiting on the attempt's row, not routing
         winner_tx.commit()
     assert loser.result(timeout=20) == Stale()
 
@@ -295,7 +295,7 @@ def _rescue_first(engine: sa.Engine, schema: str | None) -> None:
         assert rescue.execute(RESCUE, {"i": job_id}).rowcount == 1
         late = in_thread(lambda: reschedule_canonical_attempt(engine, job_id, lease, Snooze(9)))
         waiters = wait_until_blocked(engine, rescue.pid, pending=[late])
-        assert "jobs_hot" in waiters[0].query
+        assert waiters[0].row_of == "awa.jobs_hot"
         rescue.commit()
     assert late.result(timeout=20) == Stale()
 

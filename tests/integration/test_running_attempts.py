@@ -118,7 +118,9 @@ def test_an_admin_tool_lists_and_snoozes_what_the_worker_holds(
         seen["old"] = running_attempts(real_engine, running_for=dt.timedelta(hours=1))
         seen["first"] = running_attempts(real_engine, limit=1)
         with real_engine.connect() as conn:
-            leases: dict[int, int] = dict(conn.exec_driver_sql("SELECT id, run_lease FROM awa.jobs_hot").all())
+            leases: dict[int, int] = dict(
+                conn.exec_driver_sql("SELECT id, run_lease FROM awa.jobs_hot").all()
+            )
         seen["leases"] = leases
         batch = [Attempt(a.job_id, a.run_lease, Snooze(3600)) for a in seen["mail"]]
         seen["outcomes"] = reschedule_canonical_attempts(real_engine, batch)

@@ -103,6 +103,40 @@ def test_canonical_move_reads_routing_only_when_routed(batch: bool) -> None:
         assert "ELSE 300000 END" in sql  # run_at must load as a Python datetime
 
 
+@pytest.mark.parametrize("batch", [False, True])
+def test_one_statement_locks_the_singleton_and_routes_from_its_columns(batch: bool) -> None:
+    sql = _compile(statements.move_if_canonical(batch=batch))
+    routing = sql.split("routing AS MATERIALIZED", 1)[1].split("head AS MATERIALIZED", 1)[0]
+    assert "FROM awa.storage_transition_state" in routing
+    assert routing.rstrip().rstrip(",").rstrip().endswith("singleton FOR SHARE)")
+    # awa.active_storage_engine()'s expression, not a call: the function's snapshot is stale.
+    assert "active_storage_engine()'" in sql  # only inside the guard's to_regprocedure
+    assert "awa.active_storage_engine()" not in sql.replace("'awa.active_storage_engine()'", "")
+    assert "awa.active_queue_storage_schema()" not in sql.replace(
+        "'awa.active_queue_storage_schema()'", ""
+    )
+    assert "THEN coalesce(awa.storage_transition_state.prepared_engine, " in routing
+    assert "coalesce(routing.engine, 'canonical') = 'queue_storage' AS queue_storage" in sql
+    for name, md5 in statements.ROUTING_BODY_MD5.items():
+        assert f"to_regprocedure('{name}')) = '{md5}'" in sql
+    # head reads the locked row in its FROM before its shared-key check reads jobs_hot.
+    head = sql.split("head AS MATERIALIZED", 1)[1]
+    assert "FROM (SELECT 1 AS one) AS one LEFT OUTER JOIN routing ON true)" in head
+    assert sql.count("DELETE FROM awa.jobs_hot") == 1
+    assert "(SELECT head.guarded \nFROM head)" in sql
+
+
+def test_one_statement_moves_column_for_column_as_the_canonical_move() -> None:
+    for batch in (False, True):
+        one = _compile(statements.move_if_canonical(batch=batch))
+        today = _compile(statements.canonical_move(routed=False, batch=batch))
+        tail = "moved AS \n(INSERT INTO awa.scheduled_jobs"
+        assert (
+            one.split(tail, 1)[1].split(" SELECT head.", 1)[0]
+            == (today.split(tail, 1)[1].split(" SELECT head.", 1)[0])
+        )
+
+
 @pytest.mark.parametrize(
     "builder", [partial(statements.canonical_move, routed=True), statements.take_and_allocate]
 )

@@ -268,7 +268,7 @@ def within(bind: Engine | Connection | Session, calls: list[Call]) -> list[Outco
         # Engine.begin() without its generator-based context manager; checkout, BEGIN and
         # COMMIT translated too.
         with translated(), bind.connect() as conn:
-            if _reads_committed(bind):
+            if _alone_in_autocommit(bind):
                 done = _traced(conn, calls, lambda trace: _autocommit_flow(conn, calls, trace))
                 if done is not None:
                     return done
@@ -280,20 +280,25 @@ def within(bind: Engine | Connection | Session, calls: list[Call]) -> list[Outco
     return run_all(bind, calls)  # which translates all it does
 
 
-def _reads_committed(engine: Engine) -> bool:
+_SEVERAL_EXCHANGES = frozenset({"pg8000"})
+"""Drivers that send one statement with parameters as several exchanges (pg8000: Parse and
+Sync, then Bind, Execute and Sync). Outside a transaction a transaction-pooling PgBouncer may
+hand each exchange to a different server connection: seen binding our parameters to another
+client's unnamed statement (08P01). Inside BEGIN the server connection stays ours."""
+
+
+def _alone_in_autocommit(engine: Engine) -> bool:
     """May the one statement run alone in autocommit, as it would inside this engine's BEGIN?
 
     A lone statement is its own READ COMMITTED transaction; an engine set to another
-    isolation level (or to AUTOCOMMIT, which the transaction path refuses) keeps today's path.
+    isolation level (or to AUTOCOMMIT, which the transaction path refuses) keeps today's path,
+    and so does a driver whose statement is not one exchange (:data:`_SEVERAL_EXCHANGES`).
     """
+    if engine.dialect.driver in _SEVERAL_EXCHANGES:
+        return False
     level = engine.get_execution_options().get("isolation_level")
     level = level or getattr(engine.dialect, "_on_connect_isolation_level", None)
     return level is None or str(level).upper().replace("_", " ") == "READ COMMITTED"
-
-
-def run(conn: Connection, call: Call) -> Outcome:
-    """The flow for one validated call, inside whatever transaction *conn* has."""
-    return run_all(conn, [call])[0]
 
 
 def run_all(conn: Connection, calls: Sequence[Call], *, at_once: bool = True) -> list[Outcome]:

@@ -56,7 +56,6 @@ from sqlalchemy import (
     literal_column,
     null,
     select,
-    table,
     true,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, INTERVAL, JSONB
@@ -69,6 +68,7 @@ from awa_sa.tables import (
     job_state,
     job_unique_claims,
     jobs_hot,
+    pg_proc,
     scheduled_jobs,
     storage_transition_state,
 )
@@ -515,10 +515,9 @@ def _locked_routing() -> CTE:
 
 
 def _body_is(function: str, md5: str) -> ColumnElement[bool]:
-    proc = table("pg_proc", column("oid"), column("prosrc"), schema="pg_catalog")
     body = (
-        select(func.md5(proc.c.prosrc, type_=Text))
-        .where(proc.c.oid == func.to_regprocedure(literal_column(f"'{function}'")))
+        select(func.md5(pg_proc.c.prosrc, type_=Text))
+        .where(pg_proc.c.oid == func.to_regprocedure(literal_column(f"'{function}'")))
         .scalar_subquery()
     )
     return body == literal_column(f"'{md5}'")

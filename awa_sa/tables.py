@@ -19,7 +19,7 @@ from sqlalchemy import (
     Text,
     Uuid,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, BIT, ENUM, JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, BIT, ENUM, JSONB, OID
 
 AWA_SCHEMA = "awa"
 
@@ -111,3 +111,15 @@ storage_transition_state = Table(
     Column("finalized_at", Timestamp),
     schema=AWA_SCHEMA,
 )
+
+postgres_catalog = MetaData()
+"""PostgreSQL's own catalog, apart from Awa's tables (nothing here is created or compared)."""
+
+pg_proc = Table(
+    "pg_proc",
+    postgres_catalog,
+    Column("oid", OID),
+    Column("prosrc", Text),
+    schema="pg_catalog",
+)
+"""Read by the routing guard: the installed routing functions' bodies."""

@@ -47,6 +47,7 @@ def test_every_relation_a_statement_reaches_is_a_declared_table() -> None:
     lightweight ``sa.table()``, or a second ``Table`` for an existing name)."""
     declared = {id(table) for table in tables.metadata.sorted_tables}
     declared |= {id(table) for table in queue_storage.metadata.sorted_tables}
+    declared |= {id(table) for table in tables.postgres_catalog.sorted_tables}
     reached = {
         element
         for builder in statements.all_builders()

@@ -24,8 +24,19 @@ from pytest_postgresql.janitor import DatabaseJanitor
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import awa_sa_schema  # built by awa_sa_schema/ (Alembic)
+from awa_sa.errors import EmbeddedPostgresError
+from awa_sa.testing.bindir import find_binaries
 from awa_sa.testing.databases import Databases
 from awa_sa.testing.server import EmbeddedPostgres
+
+
+def pytest_report_header() -> str:
+    """Which server binaries the run uses; ``$AWA_SA_PG_MAJOR`` picks the major (CI: each)."""
+    try:
+        found = find_binaries()
+    except EmbeddedPostgresError as exc:
+        return f"awa-sa server: {exc}"
+    return f"awa-sa server: PostgreSQL {found.version} ({found.source}: {found.bindir})"
 
 
 @pytest.fixture(scope="session")

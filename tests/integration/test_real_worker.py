@@ -25,11 +25,13 @@ from typing import Any
 import awa
 import pytest
 import sqlalchemy as sa
+from conftest import awa_release
 from test_testing_real_claim import pg_url
 
 import awa_sa
 from awa_sa import Rescheduled
 from awa_sa.testing import running_attempt
+from awa_sa.tools.status import PATCHED_FAMILY, UNPATCHED_FAMILY, read_status
 
 SNOOZE = 30.0
 RETRY_AFTER = 45.0
@@ -204,3 +206,14 @@ def test_a_reschedule_writes_what_the_releases_own_worker_writes(
         for kind, delay in (("snoozes", SNOOZE), ("retries", RETRY_AFTER)):
             (now,) = stamps[kind]
             assert rows[kind]["run_at"] - now == dt.timedelta(seconds=delay), kind
+
+
+def test_status_names_the_release_family_that_built_the_cluster(
+    real_engine: sa.Engine, engine: sa.Engine
+) -> None:
+    patched = tuple(int(part) for part in awa_release().split(".")) >= (0, 6, 8)
+    assert read_status(real_engine).release_family == (
+        PATCHED_FAMILY if patched else UNPATCHED_FAMILY
+    )
+    # The Alembic fixture is v040 as 0.6.9 leaves it.
+    assert read_status(engine).release_family == PATCHED_FAMILY

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -51,7 +52,7 @@ def test_system_binaries_come_before_the_wheels(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_the_bindir_variable_wins_and_a_wrong_one_is_an_error(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: os.PathLike[str]
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     last = candidates()[-1]
     monkeypatch.setenv(BINDIR_ENV, str(last.bindir))

@@ -1,12 +1,32 @@
 """awa-sa: typed SQLAlchemy Core data access for Awa v040.
 
 The public surface is re-exported here; ``awa_sa.asyncio`` holds the async face.
+
+A handler failed and wants its attempt retried in a minute. Here ``engine`` is an ``Engine`` on
+an Awa v040 database, and the testing kit plays the worker that claimed the job::
+
+    >>> from awa_sa import Rescheduled, RetryAfter, reschedule_canonical_attempt
+    >>> from awa_sa.testing import running_attempt
+    >>> with engine.begin() as conn:
+    ...     job_id, lease = running_attempt(conn, kind="send_email", attempt=3)
+    >>> outcome = reschedule_canonical_attempt(
+    ...     engine, job_id, lease, RetryAfter(60), error={"error": "smtp timed out"}
+    ... )
+    >>> isinstance(outcome, Rescheduled), outcome.job_id == job_id, outcome.attempt
+    (True, True, 3)
+
+The same attempt settled again, now in a batch: the guard no longer matches, nothing is written::
+
+    >>> from awa_sa import Attempt, Snooze, reschedule_canonical_attempts
+    >>> reschedule_canonical_attempts(engine, [Attempt(job_id, lease, Snooze(5))])
+    [Stale()]
 """
 
 from awa_sa.errors import (
     AwaSAError,
     DatabaseError,
     InvalidSchemaName,
+    ReadOnlyTransaction,
     UniqueConflict,
     ValidationError,
 )
@@ -33,6 +53,7 @@ __all__ = [
     "Kind",
     "Migrated",
     "Outcome",
+    "ReadOnlyTransaction",
     "Rescheduled",
     "RetryAfter",
     "RetryBackoff",

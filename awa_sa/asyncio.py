@@ -36,7 +36,26 @@ async def reschedule_canonical_attempt(
 ) -> Outcome:
     """Async :func:`awa_sa.reschedule_canonical_attempt`; same arguments, outcomes and errors.
 
-    Input is validated before a connection is even checked out.
+    Input is validated before a connection is even checked out. With ``engine``'s database
+    reached through an ``AsyncEngine`` (psycopg 3 here; asyncpg works alike)::
+
+        >>> import asyncio
+        >>> from sqlalchemy.ext.asyncio import create_async_engine
+        >>> import awa_sa.asyncio
+        >>> from awa_sa import Rescheduled, RetryBackoff
+        >>> from awa_sa.testing import running_attempt
+        >>> with engine.begin() as conn:
+        ...     job_id, lease = running_attempt(conn)
+        >>> async def retry() -> object:
+        ...     async_engine = create_async_engine(engine.url)
+        ...     try:
+        ...         return await awa_sa.asyncio.reschedule_canonical_attempt(
+        ...             async_engine, job_id, lease, RetryBackoff()
+        ...         )
+        ...     finally:
+        ...         await async_engine.dispose()
+        >>> isinstance(asyncio.run(retry()), Rescheduled)
+        True
     """
     _check_bind(bind)
     return (await _within(bind, [prepare(job_id, run_lease, kind, error, progress)]))[0]

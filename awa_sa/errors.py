@@ -3,12 +3,18 @@
 * :class:`ValidationError` -- the input can never succeed. Raised before any statement runs
   where that is possible; otherwise (an invalid routing schema name, non-object metadata on the
   taken row) before anything is written, and the write that would follow is rolled back.
-* :class:`UniqueConflict` -- SQLSTATE 23505, or a claim upsert that acquired nothing. On the
-  canonical path it propagates and the attempt stays running, as in Awa (docs/contract.md#errors).
+* :class:`UniqueConflict` -- SQLSTATE 23505. On the canonical path it propagates and the
+  attempt stays running, as in Awa (docs/contract.md#errors). A claim that another job holds on
+  the queue-storage path is not an error: the attempt ends as ``CancelledDuplicate``.
 * :class:`DatabaseError` -- any other driver error (interval overflow, lock timeout,
-  serialization failure, lost connection). ``sqlstate`` is exposed; ``__cause__`` is the
-  SQLAlchemy exception, whose ``orig`` is the driver's own. The SQLSTATE, constraint name and
-  message are read the same way from every supported driver (:func:`server_report`).
+  serialization failure, lost connection, refused connection). ``sqlstate`` is exposed;
+  ``__cause__`` is the SQLAlchemy exception, whose ``orig`` is the driver's own. The SQLSTATE,
+  constraint name and message are read the same way from every supported driver
+  (:func:`server_report`), and a connection that could not be made or was lost is classified
+  by cause, alike on every driver (:data:`CONNECTION_LOST`, :data:`CANNOT_CONNECT`).
+* :class:`ReadOnlyTransaction` -- the :class:`DatabaseError` for 25006: the session landed on a
+  standby, a demoted primary or a database set read-only. Its own type, so a caller can route
+  it (reconnect to the primary) without reading SQLSTATEs.
 
 Whatever is raised, nothing the operation did is committed. With an ``Engine`` its own
 transaction is rolled back. With a ``Connection`` the caller's transaction is left either
@@ -18,20 +24,33 @@ aborted by PostgreSQL (a failed canonical statement), and the caller must roll i
 
 from __future__ import annotations
 
+import re
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import sqlalchemy.exc
+from sqlalchemy.engine import Dialect
 
 UNIQUE_VIOLATION = "23505"
+READ_ONLY = "25006"
 CONNECTION_LOST = "08006"
-"""The SQLSTATE of every lost connection (PostgreSQL's ``connection_failure``), on every driver.
+"""The SQLSTATE of a connection lost during a call (PostgreSQL's ``connection_failure``).
 
 Drivers disagree here: psycopg 3 reports the server's farewell (57P01 after
 ``pg_terminate_backend``), asyncpg its own 08003, psycopg2 and pg8000 nothing at all, and a
 network failure gives no server code anywhere. One value lets a caller's retry policy treat
-them alike; the driver's own exception stays available as ``__cause__``.
+them alike; the driver's own exception stays available as ``__cause__``. Whether the call's
+work was committed is unknown only if the loss came at COMMIT; awa-sa's calls are safe to
+repeat either way (a repeat is ``Stale``).
+"""
+CANNOT_CONNECT = "08001"
+"""The SQLSTATE of a connection that could not be made and that the server did not refuse
+itself (``sqlclient_unable_to_establish_sqlconnection``): nothing listening, a network failure,
+no host with the asked ``target_session_attrs``. A refusal the server reported keeps the
+server's own code (3D000, 28000, 28P01, 53300, 57P03 ...), on every driver, so a retry
+policy never retries a misconfiguration as if the network had failed.
 """
 
 
@@ -52,9 +71,10 @@ class InvalidSchemaName(ValidationError):
 
 
 class UniqueConflict(AwaSAError):
-    """Another job holds the unique key (SQLSTATE 23505, or a claim upsert that wrote no row).
+    """Another job holds the unique key (SQLSTATE 23505).
 
-    On the canonical path this propagates and the attempt stays running, as in Awa.
+    On the canonical path this propagates and the attempt stays running, as in Awa. A claim
+    upsert that acquires nothing raises nothing: that is a lost claim, ``CancelledDuplicate``.
     """
 
     def __init__(self, constraint: str | None, message: str = "") -> None:
@@ -65,7 +85,8 @@ class UniqueConflict(AwaSAError):
 class DatabaseError(AwaSAError):
     """The database refused a statement for a reason other than a unique conflict.
 
-    ``sqlstate`` is :data:`CONNECTION_LOST` for a lost connection whatever the driver, and
+    ``sqlstate`` is :data:`CONNECTION_LOST` for a connection lost during a call whatever the
+    driver, the server's code or :data:`CANNOT_CONNECT` for one that could not be made, and
     None when the failure carried no SQLSTATE (an expected row that was missing, SQLAlchemy
     refusing a connection that already failed).
     """
@@ -75,33 +96,11 @@ class DatabaseError(AwaSAError):
         self.sqlstate = sqlstate
 
 
-class StatusError(AwaSAError):
-    """The database cannot be described as an Awa v040 cluster (``awa-sa status``)."""
-
-
-class NotAnAwaCluster(StatusError):
-    """No ``awa.schema_version`` table: ``awa migrate`` never ran against this database."""
-
-
-class UnsupportedSchemaVersion(StatusError):
-    """An Awa cluster, but not at the schema version awa-sa was written for."""
-
-    def __init__(self, version: int | None, supported: int) -> None:
-        shown = "no version rows" if version is None else f"v{version:03d}"
-        super().__init__(f"Awa schema is {shown}; awa-sa supports v{supported:03d} (awa-cli 0.6.x)")
-        self.version = version
-
-
-class EmbeddedPostgresError(AwaSAError, RuntimeError):
-    """The throwaway server could not be found, initialised or started."""
-
-
-class UnusableServer(AwaSAError, RuntimeError):
-    """The server given to the testing kit cannot host its databases (no CREATEDB, unreachable)."""
-
-
-class DemoUnavailable(AwaSAError, RuntimeError):
-    """Something the demo needs (server binaries, the Alembic fixture) is not installed."""
+class ReadOnlyTransaction(DatabaseError):
+    """SQLSTATE 25006: the session cannot write (hot standby, demoted primary, or
+    ``default_transaction_read_only``). Nothing was written; retrying on the same connection
+    fails the same way, so reconnect to the primary (``target_session_attrs=read-write``).
+    """
 
 
 def translate_db_error(exc: sqlalchemy.exc.DBAPIError) -> AwaSAError:
@@ -109,11 +108,13 @@ def translate_db_error(exc: sqlalchemy.exc.DBAPIError) -> AwaSAError:
 
     The constraint name of a 23505 comes from the server's own report, so the claim trigger's
     ``idx_awa_jobs_unique`` and a ``*_pkey`` are told apart as Awa does. A connection that
-    SQLAlchemy found dead is :data:`CONNECTION_LOST` on every driver, and so is an
-    ``OperationalError`` the server did not report (no SQLSTATE): the driver lost the connection
-    before SQLAlchemy could tell, as psycopg 3 can when the server closes the socket just as a
-    statement is sent.
+    could not be made is :func:`refused`. Once connected, a connection that SQLAlchemy found
+    dead is :data:`CONNECTION_LOST` on every driver, and so is an ``OperationalError`` the
+    server did not report (no SQLSTATE): the driver lost the connection before SQLAlchemy could
+    tell, as psycopg 3 can when the server closes the socket just as a statement is sent.
     """
+    if while_connecting(exc):
+        return refused(exc.orig)
     if exc.connection_invalidated:
         return connection_lost(exc.orig)
     report = server_report(exc.orig)
@@ -121,7 +122,59 @@ def translate_db_error(exc: sqlalchemy.exc.DBAPIError) -> AwaSAError:
         return connection_lost(exc.orig)
     if report.sqlstate == UNIQUE_VIOLATION:
         return UniqueConflict(report.constraint, report.message)
+    if report.sqlstate == READ_ONLY:
+        return ReadOnlyTransaction(report.message, READ_ONLY)
     return DatabaseError(report.message, report.sqlstate)
+
+
+def while_connecting(exc: BaseException) -> bool:
+    """Whether *exc* was raised while a dialect opened a connection (checkout, pre-ping's
+    reconnect), not during a call on an open one.
+
+    SQLAlchemy raises both kinds alike, and drivers reuse their types; only where the error
+    came from tells them apart, so the traceback is read for a dialect's ``connect`` frame.
+    """
+    for frame, _ in traceback.walk_tb(exc.__traceback__):
+        if frame.f_code.co_name == "connect" and isinstance(frame.f_locals.get("self"), Dialect):
+            return True
+    return False
+
+
+_LIBPQ_REFUSAL = re.compile(r"connection to server (?:at|on socket) .*? failed: (?:FATAL:  )?(.*)")
+_REFUSAL_CODES = (
+    ("database .* does not exist", "3D000"),
+    ("role .* does not exist", "28000"),
+    ("role .* is not permitted to log in", "28000"),
+    ("no pg_hba.conf entry", "28000"),
+    ("pg_hba.conf rejects", "28000"),
+    ("password authentication failed", "28P01"),
+    ("the database system is (?:shutting down|starting up|in recovery mode|not )", "57P03"),
+    ("sorry, too many clients|too many connections|remaining connection slots", "53300"),
+    ("database .* is not currently accepting connections", "55000"),
+    ("permission denied for database", "42501"),
+    ("unsupported startup parameter", "08P01"),  # PgBouncer's, for a startup `options`
+)
+"""The server's (and PgBouncer's) refusals at start-up, as libpq reports them, in English.
+
+libpq keeps no SQLSTATE for a connection it could not open, only the server's text, so
+psycopg 3 and psycopg2 carry none; pg8000 and asyncpg keep the server's code. These messages
+are PostgreSQL's own (``postinit.c``, ``auth.c``, ``postmaster.c``); a server whose
+``lc_messages`` is not English gives :data:`CANNOT_CONNECT` instead on those two drivers.
+"""
+
+
+def refused(orig: BaseException | None) -> DatabaseError:
+    """A connection that could not be made: the server's code when it sent one, else 08001."""
+    report = server_report(orig)
+    message = report.message.split("\n", 1)[0]
+    sqlstate = report.sqlstate
+    libpq = _LIBPQ_REFUSAL.search(message)
+    if sqlstate is None and libpq is not None:
+        message = libpq.group(1)
+        sqlstate = next((c for p, c in _REFUSAL_CODES if re.match(p, message)), None)
+    if sqlstate is None:
+        return DatabaseError(f"cannot connect: {message}", CANNOT_CONNECT)
+    return DatabaseError(message, sqlstate)
 
 
 def connection_lost(orig: BaseException | None) -> DatabaseError:
@@ -198,7 +251,8 @@ def translated() -> Iterator[None]:
     SAVEPOINT/RELEASE/ROLLBACK TO, and SQLAlchemy's own refusals on a connection that died
     midway (``PendingRollbackError``, ``ResourceClosedError``), which carry no SQLSTATE.
     ``OSError`` is a socket failing under a driver that does not wrap it (pg8000 lets a
-    reset connection's first read through): the only I/O in the flow is the connection.
+    reset connection's first read through, asyncpg a refused connect): the only I/O in the
+    flow is the connection.
     """
     try:
         yield
@@ -206,5 +260,5 @@ def translated() -> Iterator[None]:
         raise translate_db_error(exc) from exc
     except sqlalchemy.exc.SQLAlchemyError as exc:
         raise DatabaseError(str(exc).strip()) from exc
-    except OSError as exc:
-        raise connection_lost(exc) from exc
+    except OSError as exc:  # asyncpg's refused connect, pg8000's reset socket
+        raise (refused(exc) if while_connecting(exc) else connection_lost(exc)) from exc

@@ -30,7 +30,26 @@ def check_delay(delay_secs: object) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Snooze:
-    """Run again after ``delay_secs``; the attempt that just ran is not counted."""
+    """Run again after ``delay_secs``; the attempt that just ran is not counted.
+
+    A delay PostgreSQL would mangle is refused when the kind is built, before any connection::
+
+        >>> Snooze(30)
+        Snooze(delay_secs=30)
+        >>> Snooze(float("nan"))
+        Traceback (most recent call last):
+        ...
+        awa_sa.errors.ValidationError: delay_secs must be finite, got nan
+
+    The third attempt snoozes, so the job's next claim is its third attempt again::
+
+        >>> from awa_sa import reschedule_canonical_attempt
+        >>> from awa_sa.testing import running_attempt
+        >>> with engine.begin() as conn:
+        ...     job_id, lease = running_attempt(conn, attempt=3)
+        >>> reschedule_canonical_attempt(engine, job_id, lease, Snooze(30)).attempt
+        2
+    """
 
     delay_secs: float
 
@@ -50,7 +69,19 @@ class RetryAfter:
 
 @dataclass(frozen=True, slots=True)
 class RetryBackoff:
-    """Retry after ``awa.backoff_duration(attempt, max_attempts)``, computed by the database."""
+    """Retry after ``awa.backoff_duration(attempt, max_attempts)``, computed by the database.
+
+    The delay grows with the attempt, as Awa's own retries do::
+
+        >>> from awa_sa import reschedule_canonical_attempt
+        >>> from awa_sa.testing import running_attempt
+        >>> with engine.begin() as conn:
+        ...     job_id, lease = running_attempt(conn, attempt=1)
+        ...     started = conn.exec_driver_sql("SELECT now()").scalar_one()
+        >>> outcome = reschedule_canonical_attempt(engine, job_id, lease, RetryBackoff())
+        >>> outcome.run_at > started
+        True
+    """
 
 
 Kind = Snooze | RetryAfter | RetryBackoff

@@ -1,10 +1,11 @@
 """The queue-storage tables of Awa v040, declared once for every queue-storage schema.
 
-Each table sits under the placeholder schema :data:`QS_PLACEHOLDER`; statements are executed
-with ``schema_translate_map={QS_PLACEHOLDER: name}``. One ``Table`` object per table keeps
-SQLAlchemy's compiled-statement cache warm across schemas (a ``Table`` per name would be a new
-cache key each time), and SQLAlchemy quotes the translated name. Which names are accepted at
-all is decided by :func:`translate_map`.
+Each table sits under the placeholder schema :data:`QS_PLACEHOLDER`; statements are compiled
+with ``schema_translate_map={QS_PLACEHOLDER: name}``. One ``Table`` object per table means one
+statement object per shape serves every schema: the builders build it once, and
+``awa_sa.compiled`` renders the routed name in when it compiles the text for that schema (a
+``Table`` per name would mean a statement per name). SQLAlchemy quotes the translated name.
+Which names are accepted at all is decided by :func:`translate_map`.
 """
 
 from __future__ import annotations

@@ -17,8 +17,6 @@ import sqlalchemy as sa
 from ._sql import check_schema_name
 from .queue_storage import has_queue_storage
 
-PHASES = ("canonical", "prepared", "mixed_transition", "active", "aborted")
-
 
 @dataclass(frozen=True)
 class _Row:
@@ -40,6 +38,8 @@ _ROWS = {
     "active": _Row("queue_storage", None, "active", 3, True, True, True),
     "aborted": _Row("canonical", None, "canonical", None, False, False, False),
 }
+PHASES = tuple(_ROWS)
+"""The phases, named once: by the rows each one leaves."""
 
 _LOCK = sa.text(
     "SELECT state, transition_epoch FROM awa.storage_transition_state WHERE singleton FOR UPDATE"
@@ -76,8 +76,12 @@ _SET_MARKER = sa.text(
 _DELETE_MARKER = sa.text("DELETE FROM awa.runtime_storage_backends WHERE backend = 'queue_storage'")
 
 
-def set_phase(connection: sa.Connection, phase: str, schema: str = "awa") -> None:
+def set_phase(connection: sa.Connection, phase: str, schema: str) -> None:
     """Write exactly the ``phase`` rows of docs/architecture.md#phases, routing to *schema*.
+
+    No default schema here: the testing kit's ``awa_sa.testing.set_phase`` states the one
+    default, and a test of the fixture names the schema it means (``canonical`` and ``aborted``
+    ignore it).
 
     Phases: ``canonical`` (epoch 0), ``prepared`` (1), ``mixed_transition`` (2), ``active`` (3)
     and ``aborted``: back to canonical with the epoch one above the current one, details ``{}``

@@ -11,7 +11,9 @@ fixture flipped into ``mixed_transition`` towards ``awa_qs``. Parts, in order:
    (:mod:`bench.proxy`);
 3. the database's own time per reschedule (:mod:`bench.server_cost`);
 4. 1, 4 and 16 concurrent callers, and what they wait on (:mod:`bench.concurrency`);
-5. routing (canonical against queue storage) and batches against single calls.
+5. routing (canonical against queue storage) and batches against single calls;
+6. only when asked (``--only pooled``): 16 callers through PgBouncer beside 16 direct
+   (:mod:`bench.pooled`).
 
 Run it as ``.venv/bin/python -m bench``; figures also go to ``bench/results.json``.
 """
@@ -35,7 +37,7 @@ import sqlalchemy as sa
 
 from awa_sa import Attempt, reschedule_canonical_attempt, reschedule_canonical_attempts
 from awa_sa.testing.server import embedded_postgres
-from bench import breakdown, concurrency, server_cost, variants
+from bench import breakdown, concurrency, pooled, server_cost, variants
 from bench.measure import interleave
 from bench.proxy import Distant
 from bench.report import report
@@ -52,6 +54,8 @@ PARTS = (
     "batch",
     "batch_queue_storage",
 )
+OPTIONAL_PARTS = ("pooled",)
+"""Run only when named in --only: ``pooled`` needs pgbouncer and takes a minute."""
 
 
 def single_call(host: str, port: int, dbname: str, url: str, a: Any) -> dict[str, Any]:
@@ -77,10 +81,12 @@ def at_distance(port: int, dbname: str, url: str, a: Any) -> dict[str, Any]:
     """Every variant through the delaying proxy, with round trips counted per call."""
     loop = asyncio.new_event_loop()
     nominal = a.rtt_ms * 500  # µs each way
+    password = sa.make_url(url).password
     with Distant(port, nominal, seconds=30) as trial:  # the proxy's own hops add a little
-        delay = max(0.0, nominal - (_added_rtt(port, trial.port, dbname) - 2 * nominal) / 2)
+        added = _added_rtt(port, trial.port, dbname, password)
+        delay = max(0.0, nominal - (added - 2 * nominal) / 2)
     with Distant(port, delay, seconds=170) as proxy:
-        added = _added_rtt(port, proxy.port, dbname)
+        added = _added_rtt(port, proxy.port, dbname, password)
         jobs = Jobs(url)
         jobs.seed(64)
         built = variants.build("127.0.0.1", proxy.port, dbname, loop, jobs)
@@ -103,11 +109,11 @@ def at_distance(port: int, dbname: str, url: str, a: Any) -> dict[str, Any]:
     }
 
 
-def _added_rtt(port: int, far: int, dbname: str) -> float:
+def _added_rtt(port: int, far: int, dbname: str, password: str | None) -> float:
     """What the proxy really adds to one round trip (sleeps overshoot): median, in µs."""
     medians = []
     for p in (port, far):
-        with psycopg.connect(f"postgresql://postgres@127.0.0.1:{p}/{dbname}") as conn:
+        with psycopg.connect(f"postgresql://postgres:{password}@127.0.0.1:{p}/{dbname}") as conn:
             times = []
             for _ in range(200):
                 start = time.perf_counter_ns()
@@ -171,12 +177,15 @@ def main() -> None:
     parser.add_argument("--callers-seconds", type=float, default=1.0)
     parser.add_argument("--callers-rounds", type=int, default=2)
     parser.add_argument("--batch-rounds", type=int, default=5)
+    parser.add_argument("--pooled-seconds", type=float, default=30.0)
     parser.add_argument(
         "--cluster", choices=("awa", "fixture"), default="awa" if awa_cli() else "fixture"
     )
     parser.add_argument("--json", type=Path, default=Path("bench/results.json"))
     parser.add_argument(
-        "--only", default=",".join(PARTS), help=f"comma-separated parts ({', '.join(PARTS)})"
+        "--only",
+        default=",".join(PARTS),
+        help=f"comma-separated parts ({', '.join(PARTS + OPTIONAL_PARTS)})",
     )
     a = parser.parse_args()
     only = set(a.only.split(","))
@@ -216,6 +225,7 @@ def main() -> None:
         timed("batch_queue_storage", batches, qs, a.batch_rounds)
         canon.dispose()
         qs.dispose()
+        timed("pooled", pooled.run, server, a.pooled_seconds)
     machine = {
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -228,6 +238,8 @@ def main() -> None:
     results["seconds"] = time.perf_counter() - started
     results["parts_seconds"] = parts
     report(results)
+    if "pooled" in results:
+        print(pooled.summary(results["pooled"]))
     a.json.write_text(json.dumps(results, indent=2, default=str))
     print(f"{results['seconds']:.0f} s; figures written to {a.json}")
 

@@ -80,7 +80,11 @@ def pg8000_floor(dsn: str, texts: tuple[Compiled, Compiled]) -> tuple[Op, Close]
     lock, move = texts
     url = make_url(dsn)
     conn = pg8000.dbapi.connect(
-        user=url.username, host=url.host, port=url.port, database=url.database
+        user=url.username,
+        password=url.password,
+        host=url.host,
+        port=url.port,
+        database=url.database,
     )
 
     def op(job_id: int, lease: int) -> Any:

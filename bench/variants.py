@@ -75,12 +75,13 @@ def build(
 ) -> Variants:
     """All variants against ``host:port/dbname``; *jobs* supplies the probe of each awa-sa form."""
     out = Variants()
+    password = sa.make_url(jobs.url).password  # the throwaway server's, same behind the proxy
     for driver in DRIVERS:
         if importlib.util.find_spec(driver.url_driver) is None:
             out.skipped[driver.name] = f"{driver.url_driver} is not installed"
             continue
-        url = f"postgresql+{driver.url_driver}://postgres@{host}:{port}/{dbname}"
-        dsn = f"postgresql://postgres@{host}:{port}/{dbname}"
+        url = f"postgresql+{driver.url_driver}://postgres:{password}@{host}:{port}/{dbname}"
+        dsn = f"postgresql://postgres:{password}@{host}:{port}/{dbname}"
         if driver.is_async:
             _async_driver(out, driver, url, dsn, loop=loop, jobs=jobs)
         else:

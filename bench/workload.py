@@ -34,7 +34,7 @@ def awa_cli() -> str | None:
 
 
 def database_url(server: EmbeddedPostgres, name: str, driver: str = "psycopg") -> str:
-    return f"postgresql+{driver}://{server.user}@{server.host}:{server.port}/{name}"
+    return server.database_url(name, f"postgresql+{driver}")
 
 
 def create_database(server: EmbeddedPostgres, name: str, build: str, phase: str) -> None:
@@ -48,7 +48,7 @@ def create_database(server: EmbeddedPostgres, name: str, build: str, phase: str)
         assert cli is not None
         env = {
             **os.environ,
-            "DATABASE_URL": f"postgres://{server.user}@{server.host}:{server.port}/{name}",
+            "DATABASE_URL": server.database_url(name, "postgres"),
             "RUST_LOG": "warn",
         }
         subprocess.run([cli, "migrate"], env=env, check=True, capture_output=True, timeout=120)

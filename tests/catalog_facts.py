@@ -508,10 +508,15 @@ def cloned_database(pg: EmbeddedPostgres, template: str) -> Iterator[sa.Engine]:
     """
     name = f"shared_{uuid.uuid4().hex[:16]}"
     janitor = DatabaseJanitor(
-        user=pg.user, host=pg.host, port=pg.port, dbname=name, template_dbname=template
+        user=pg.user,
+        host=pg.host,
+        port=pg.port,
+        password=pg.password,
+        dbname=name,
+        template_dbname=template,
     )
     janitor.init()
-    engine = sa.create_engine(f"postgresql+psycopg://{pg.user}@{pg.host}:{pg.port}/{name}")
+    engine = sa.create_engine(pg.database_url(name))
     try:
         yield engine
     finally:

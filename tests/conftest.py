@@ -26,9 +26,10 @@ from racing import RealTransitions
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import awa_sa_schema  # built by awa_sa_schema/ (Alembic)
-from awa_sa.errors import EmbeddedPostgresError
 from awa_sa.testing.bindir import find_binaries
 from awa_sa.testing.databases import Databases
+from awa_sa.testing.errors import EmbeddedPostgresError
+from awa_sa.testing.phases import PHASES
 from awa_sa.testing.server import EmbeddedPostgres
 
 
@@ -50,11 +51,21 @@ def pg(awa_databases: Databases) -> EmbeddedPostgres:
 
 
 def database_url(pg: EmbeddedPostgres, dbname: str, driver: str = "psycopg") -> str:
-    return f"postgresql+{driver}://{pg.user}@{pg.host}:{pg.port}/{dbname}"
+    return pg.database_url(dbname, f"postgresql+{driver}")
 
 
-def _janitor(pg: EmbeddedPostgres, dbname: str, **kw: object) -> DatabaseJanitor:
-    return DatabaseJanitor(user=pg.user, host=pg.host, port=pg.port, dbname=dbname, **kw)
+def _janitor(
+    pg: EmbeddedPostgres, dbname: str, *, template: str | None = None, as_template: bool = False
+) -> DatabaseJanitor:
+    return DatabaseJanitor(
+        user=pg.user,
+        host=pg.host,
+        port=pg.port,
+        password=pg.password,
+        dbname=dbname,
+        template_dbname=template,
+        as_template=as_template,
+    )
 
 
 def awa_cli() -> str:
@@ -97,7 +108,8 @@ def run_awa(pg: EmbeddedPostgres, dbname: str, *args: str) -> str:
     same on every release.
     """
     if args == QUIESCED_FLIP and not _has_quiesced_flag():
-        runtime = RealTransitions(sa.create_engine(database_url(pg, dbname), poolclass=sa.NullPool))
+        engine = sa.create_engine(pg.database_url(dbname), poolclass=sa.NullPool)
+        runtime = RealTransitions(engine)
         runtime._runtime(live=True)
         try:
             return _run_awa(pg, dbname, *args[:-1])
@@ -107,7 +119,7 @@ def run_awa(pg: EmbeddedPostgres, dbname: str, *args: str) -> str:
 
 
 def _run_awa(pg: EmbeddedPostgres, dbname: str, *args: str) -> str:
-    env = {**os.environ, "DATABASE_URL": f"postgres://{pg.user}@{pg.host}:{pg.port}/{dbname}"}
+    env = {**os.environ, "DATABASE_URL": pg.database_url(dbname, "postgres")}
     env.setdefault("RUST_LOG", "warn")
     proc = subprocess.run(
         [awa_cli(), *args], env=env, capture_output=True, text=True, check=False, timeout=120
@@ -145,7 +157,7 @@ def clone_database(pg: EmbeddedPostgres) -> Iterator[Callable[[str], str]]:
 
     def clone(source: str) -> str:
         name = f"t_{uuid.uuid4().hex[:16]}"
-        janitor = _janitor(pg, name, template_dbname=source)
+        janitor = _janitor(pg, name, template=source)
         janitor.init()
         janitors.append(janitor)
         return database_url(pg, name)
@@ -194,9 +206,6 @@ def real_engine(real_db_url: str) -> Iterator[sa.Engine]:
     yield from _engine(real_db_url)
 
 
-PHASES = ("canonical", "prepared", "mixed_transition", "active", "aborted")
-
-
 class Cluster:
     """A database plus the way to move it between storage phases.
 
@@ -212,7 +221,7 @@ class Cluster:
         self.engine = engine
         self.dbname = sa.make_url(url).database or ""
 
-    def set_phase(self, phase: str, schema: str = "awa") -> None:
+    def set_phase(self, phase: str, schema: str) -> None:
         """Move from a fresh canonical cluster to *phase*, routing to *schema* once flipped."""
         if phase not in PHASES:
             raise ValueError(phase)

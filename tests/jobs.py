@@ -154,6 +154,15 @@ def scalar(conn: sa.Connection, sql: str, **params: Any) -> Any:
     return conn.execute(sa.text(sql), params).scalar()
 
 
+def canonical_state(engine: sa.Engine, job_id: int) -> str | None:
+    """The job's state in ``awa.jobs_hot``; None once it has left (moved, or never there)."""
+    with engine.connect() as conn:
+        state = conn.scalar(
+            sa.text("SELECT state::text FROM awa.jobs_hot WHERE id = :i"), {"i": job_id}
+        )
+    return None if state is None else str(state)
+
+
 def jsonb_text(conn: sa.Connection, value: str | None) -> str | None:
     """PostgreSQL's canonical text of the jsonb *value*: compare payloads text to text."""
     return scalar(conn, "SELECT CAST(:v AS jsonb)::text", v=value) if value is not None else None

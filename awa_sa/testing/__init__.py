@@ -8,7 +8,8 @@ work on any ``Connection`` to such a database, inside its transaction:
 * :func:`set_phase` -- a storage transition phase, as ``awa storage ...`` leaves it;
 * :func:`locate` -- where a job is now (:class:`Location`).
 
-A tool, like :mod:`awa_sa.tools`: the core never imports it.
+The middle layer: the kit imports the core, the tools import the kit, never the reverse
+(docs/architecture.md#modules).
 """
 
 from awa_sa.testing.attempts import running_attempt

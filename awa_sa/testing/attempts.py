@@ -93,6 +93,18 @@ def running_attempt(
     through promotion and claim. ``callback_id`` wires a
     callback as ``register_callback`` would (timeout ``callback_timeout_secs`` from now); the
     other ``callback_*`` columns are the optional CEL expressions.
+
+    A second attempt, after a failure Awa recorded::
+
+        >>> from awa_sa.testing import locate, running_attempt
+        >>> with engine.begin() as conn:
+        ...     job_id, lease = running_attempt(
+        ...         conn, kind="send_email", args={"to": "ada@example.com"}, attempt=2,
+        ...         errors=[{"error": "smtp timed out", "attempt": 1}],
+        ...     )
+        ...     row = locate(conn, job_id)
+        >>> (row.relation, row.state, row.attempt, lease, len(row.errors))
+        ('awa.jobs_hot', 'running', 2, 2, 1)
     """
     if attempt < 1:
         raise ValidationError(f"a running attempt has attempt >= 1, got {attempt}")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from awa_sa.errors import EmbeddedPostgresError
+from awa_sa.testing.errors import EmbeddedPostgresError
 
 BINDIR_ENV = "AWA_SA_PG_BINDIR"
 MAJOR_ENV = "AWA_SA_PG_MAJOR"

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 
-from awa_sa.errors import UnusableServer
+from awa_sa.testing.errors import UnusableServer
 from awa_sa.testing.server import EmbeddedPostgres
 
 FIXTURE_SCHEMAS = ("awa", "awa_qs")
@@ -57,8 +57,9 @@ class Databases:
     def open(cls, server_url: str | None = None) -> Databases:
         """Use the server at *server_url* (a maintenance database URL), or start a throwaway one.
 
-        Raises :class:`~awa_sa.errors.EmbeddedPostgresError` when no server can be started and
-        :class:`~awa_sa.errors.UnusableServer` when the given one cannot be used.
+        Raises :class:`~awa_sa.testing.errors.EmbeddedPostgresError` when no server can be
+        started and :class:`~awa_sa.testing.errors.UnusableServer` when the given one cannot be
+        used.
         """
         server = None
         if server_url is None:

@@ -18,9 +18,7 @@ import sqlalchemy as sa
 from awa_sa.errors import ValidationError
 from awa_sa.kinds import CancelledDuplicate, Migrated, Rescheduled
 from awa_sa.queue_storage import deferred_jobs, done_entries, translate_map
-from awa_sa.tables import jobs_hot, scheduled_jobs
-
-AWA_SCHEMA = "awa"
+from awa_sa.tables import AWA_SCHEMA, jobs_hot, scheduled_jobs
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +87,18 @@ def locate(
     ``schema`` names a queue-storage schema to look in instead. ``Migrated`` and
     ``CancelledDuplicate`` carry ids of queue-storage schema ``schema``, by default the one
     routing points at now. Reads in *conn*'s transaction, so it sees that transaction's writes.
+
+    Where a snoozed attempt went, and when it runs again::
+
+        >>> from awa_sa import Snooze, reschedule_canonical_attempt
+        >>> from awa_sa.testing import locate, running_attempt
+        >>> with engine.begin() as conn:
+        ...     job_id, lease = running_attempt(conn)
+        >>> outcome = reschedule_canonical_attempt(engine, job_id, lease, Snooze(30))
+        >>> with engine.connect() as conn:
+        ...     row = locate(conn, outcome)
+        >>> (row.relation, row.state, row.run_at == outcome.run_at)
+        ('awa.scheduled_jobs', 'scheduled', True)
     """
     if isinstance(job, Migrated | CancelledDuplicate):
         job_id = job.job_id

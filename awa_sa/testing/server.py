@@ -4,12 +4,18 @@ PostgreSQL refuses to run as root, and CI runs as root, so the server is started
 unprivileged ``postgres`` account when we are root; otherwise as ourselves. Everything lives
 in one temporary directory that :meth:`EmbeddedPostgres.stop` removes, in RAM when there is room
 (see :func:`scratch_parent`).
+
+Only its owner gets in. The superuser can run programs as the server's account
+(``COPY ... PROGRAM``), so another local account must not reach it: TCP on 127.0.0.1 asks for a
+password drawn per server (scram-sha-256) that only :attr:`EmbeddedPostgres.url` carries, and
+the Unix socket lies in the server's own directory, which no other account may enter.
 """
 
 from __future__ import annotations
 
 import os
 import pwd
+import secrets
 import shutil
 import socket
 import subprocess
@@ -19,8 +25,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from awa_sa.errors import EmbeddedPostgresError
 from awa_sa.testing.bindir import find_bindir
+from awa_sa.testing.errors import EmbeddedPostgresError
 
 # Durability is worthless for a database that is deleted afterwards; speed is not.
 _FAST_SETTINGS = (
@@ -67,12 +73,14 @@ def _free_port() -> int:
 
 @dataclass
 class EmbeddedPostgres:
-    """One running server: connect to ``host``:``port`` as ``user``, no password."""
+    """One running server: connect to ``host``:``port`` as ``user`` with ``password``."""
 
     bindir: Path = field(default_factory=find_bindir)
     host: str = "127.0.0.1"
     port: int = field(default_factory=_free_port)
     user: str = "postgres"
+    password: str = field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
+    """URL-safe, so it goes into a URL as it is."""
     root: Path = field(default_factory=_scratch_dir)
     settings: tuple[str, ...] = ()
     """Extra ``name=value`` server settings, after ours (the bench loads pg_stat_statements)."""
@@ -128,7 +136,13 @@ class EmbeddedPostgres:
 
     @property
     def url(self) -> str:
-        return f"postgresql+psycopg://{self.user}@{self.host}:{self.port}/postgres"
+        """The maintenance database with psycopg 3, password included."""
+        return self.database_url("postgres")
+
+    def database_url(self, dbname: str, scheme: str = "postgresql+psycopg") -> str:
+        """*dbname* on this server, password included; ``scheme`` ``postgres`` suits libpq and
+        the awa CLI."""
+        return f"{scheme}://{self.user}:{self.password}@{self.host}:{self.port}/{dbname}"
 
     def _run(self, *args: str) -> None:
         proc = subprocess.run(
@@ -147,18 +161,27 @@ class EmbeddedPostgres:
             )
 
     def start(self) -> EmbeddedPostgres:
-        self._run(
-            str(self.bindir / "initdb"),
-            "-D",
-            str(self.datadir),
-            "-U",
-            self.user,
-            "--auth=trust",
-            "-E",
-            "UTF8",
-            "--no-sync",
-            "--no-instructions",
-        )
+        pwfile = self.root / "pwfile"  # in the server's private directory, gone after initdb
+        pwfile.write_text(self.password)
+        if self._run_as is not None:
+            shutil.chown(pwfile, user=self._run_as)
+        try:
+            self._run(
+                str(self.bindir / "initdb"),
+                "-D",
+                str(self.datadir),
+                "-U",
+                self.user,
+                f"--pwfile={pwfile}",
+                "--auth-host=scram-sha-256",
+                "--auth-local=trust",  # the socket's directory admits the owner alone
+                "-E",
+                "UTF8",
+                "--no-sync",
+                "--no-instructions",
+            )
+        finally:
+            pwfile.unlink()
         options = " ".join(
             [f"-p {self.port}", f"-k {self.root}", f"-c listen_addresses={self.host}"]
             + [f"-c {s}" for s in (*_FAST_SETTINGS, *self.settings)]

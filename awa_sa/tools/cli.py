@@ -20,9 +20,10 @@ from typing import NoReturn
 import click
 import sqlalchemy as sa
 
-from awa_sa.errors import AwaSAError, DemoUnavailable
+from awa_sa.errors import AwaSAError
 from awa_sa.tools import demo as demo_mod
 from awa_sa.tools import listing
+from awa_sa.tools.errors import DemoUnavailable
 from awa_sa.tools.status import ClusterStatus, read_status
 
 _CONNECT_TIMEOUT_SECS = 10
@@ -174,15 +175,30 @@ def _status_lines(where: str, st: ClusterStatus) -> Iterator[str]:
         yield f"queue store  {st.queue_storage_schema}: not installed (no deferred_jobs table)"
     else:
         yield f"queue store  {st.queue_storage_schema}.deferred_jobs: {_counts(st.deferred_jobs)}"
-    backlog = st.canonical_live_backlog
-    if st.phase == "mixed_transition":
-        verdict = "can pass" if backlog == 0 else "blocked"
+    if st.runtimes is None:
+        yield "runtimes     not recorded (no awa.runtime_instances table)"
+    elif not st.runtimes:
+        yield "runtimes     none live"
+    for n, runtime in enumerate(st.runtimes or ()):
+        label = "runtimes" if n == 0 else ""
         yield (
-            f"finalize     {verdict}: canonical live backlog {backlog} "
-            "(non-terminal jobs_hot + all scheduled_jobs; live runtimes not checked)"
+            f"{label:<12} {runtime.name}: {runtime.capability}, role {runtime.role}, "
+            f"awa {runtime.version}"
         )
-    else:
+    backlog = st.canonical_live_backlog
+    backlog_text = f"canonical live backlog {backlog} (non-terminal jobs_hot + all scheduled_jobs)"
+    if st.phase != "mixed_transition":
         yield f"finalize     not applicable in phase {st.phase}; canonical live backlog {backlog}"
+    elif st.finalize_ready:
+        yield f"finalize     can pass: {backlog_text}, no live canonical-only runtime"
+    else:
+        if backlog:
+            yield f"finalize     blocked: {backlog_text}"
+        for runtime in st.finalize_blockers:
+            yield (
+                f"finalize     blocked by runtime {runtime.name}: it reports storage_capability "
+                f"{runtime.capability} (last seen {runtime.last_seen_at:%Y-%m-%d %H:%M:%S%z})"
+            )
 
 
 @main.command()

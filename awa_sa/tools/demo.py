@@ -26,11 +26,12 @@ import sqlalchemy as sa
 
 from awa_sa import queue_storage as qs
 from awa_sa import reschedule_canonical_attempt
-from awa_sa.errors import DemoUnavailable, EmbeddedPostgresError
 from awa_sa.kinds import Kind, Outcome, Rescheduled, RetryAfter, RetryBackoff, Snooze, Stale
 from awa_sa.tables import job_unique_claims, jobs_hot
 from awa_sa.testing import locate, running_attempt, set_phase
+from awa_sa.testing.errors import EmbeddedPostgresError
 from awa_sa.testing.server import embedded_postgres
+from awa_sa.tools.errors import DemoUnavailable
 from awa_sa.tools.status import read_status_in
 
 Emit = Callable[[str], None]
@@ -231,7 +232,12 @@ class Walkthrough:
         with self.engine.begin() as conn:
             set_phase(conn, "mixed_transition", QS_SCHEMA)
         self.emit("")
-        self.emit(f"-- storage transition: prepared -> mixed_transition into schema {QS_SCHEMA}")
+        # One step from canonical: the rows `awa storage prepare` then `enter-mixed-transition`
+        # leave, written at once by the testing kit.
+        self.emit(
+            f"-- storage transition: canonical -> mixed_transition into schema {QS_SCHEMA} "
+            "(as prepare + enter-mixed-transition leave it)"
+        )
         self.emit(f"cluster: {self._status_line()}")
         self._step(
             f"2. Routing flipped to {QS_SCHEMA}: attempts claimed before the flip migrate.",

@@ -38,7 +38,7 @@ class Block:
         return f"{self.builder}({args})"
 
 
-DIALECT: Dialect = PGDialect_psycopg()  # type: ignore[no-untyped-call]
+DIALECT: Dialect = PGDialect_psycopg()
 """psycopg 3, the driver awa-sa runs on, named explicitly: SQLAlchemy 2.0's default PostgreSQL
 dialect is psycopg2's, which renders bind parameters without their casts."""
 

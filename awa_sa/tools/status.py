@@ -1,9 +1,18 @@
 """Read-only status of an Awa v040 cluster: where routing points and what still blocks finalize.
 
 An operator mid-transition wants one answer: "can ``awa storage finalize`` pass yet, and if not,
-what is left?". ``awa.canonical_live_backlog()`` answers with one number and only on a real
-cluster; here the same quantity is derived from per-state counts of the tables themselves, so it
-also works on the test fixture (which omits that function) and shows *which* states remain.
+what is left?". Finalize (``awa.storage_finalize()``) refuses for two reasons, and status reads
+both the way it does:
+
+* a canonical live backlog. ``awa.canonical_live_backlog()`` answers with one number and only on
+  a real cluster; here the same quantity is derived from per-state counts of the tables
+  themselves, so it also works on the test fixture (which omits that function) and shows
+  *which* states remain;
+* a live runtime that reports ``storage_capability = 'canonical'`` in ``awa.runtime_instances``
+  (one that cannot run queue storage, such as an Awa older than queue storage, whose row takes
+  the column's default). "Live" is finalize's own rule: seen within three snapshot intervals
+  (whole seconds, at least one each), and never less than 30 seconds. awa-pg 0.6's runtimes
+  report ``queue_storage`` or ``canonical_drain_only`` and never block it.
 
 Everything runs in one ``READ ONLY`` transaction that is rolled back: looking must never write,
 and a single snapshot keeps the phase and the counts consistent with each other.
@@ -11,14 +20,17 @@ and a single snapshot keeps the phase and the counts consistent with each other.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import sqlalchemy as sa
 
 from awa_sa import queue_storage
-from awa_sa.errors import InvalidSchemaName, NotAnAwaCluster, UnsupportedSchemaVersion
+from awa_sa.errors import InvalidSchemaName
 from awa_sa.tables import AWA_SCHEMA, Timestamp, jobs_hot, scheduled_jobs, storage_transition_state
+from awa_sa.tools.errors import NotAnAwaCluster, UnsupportedSchemaVersion
 
 schema_version = sa.Table(
     "schema_version",
@@ -29,6 +41,24 @@ schema_version = sa.Table(
     schema=AWA_SCHEMA,
 )
 """The migrations Awa has applied; only ``status`` reads it, so it is declared here."""
+
+runtime_instances = sa.Table(
+    "runtime_instances",
+    sa.MetaData(),
+    sa.Column("instance_id", sa.Uuid, primary_key=True),
+    sa.Column("hostname", sa.Text),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("version", sa.Text, nullable=False),
+    sa.Column("last_seen_at", Timestamp, nullable=False),
+    sa.Column("snapshot_interval_ms", sa.BigInteger, nullable=False),
+    sa.Column("storage_capability", sa.Text, nullable=False),
+    sa.Column("transition_role", sa.Text, nullable=False),
+    schema=AWA_SCHEMA,
+)
+"""The snapshots Awa's runtimes report (the columns finalize reads, and who they are)."""
+
+BLOCKING_CAPABILITY = "canonical"
+"""The capability that makes ``awa.storage_finalize()`` refuse while its runtime is live."""
 
 SUPPORTED_SCHEMA_VERSION = 40
 """awa-sa speaks exactly the v040 schema (awa-cli 0.6.x); v041+ changed the ring cursor."""
@@ -42,6 +72,39 @@ UNPATCHED_FAMILY = "awa-cli 0.6.6-0.6.7"
 
 TERMINAL_STATES = frozenset({"completed", "failed", "cancelled"})
 """States that do not count towards the finalize gate in ``jobs_hot``."""
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """A live runtime, as its last snapshot in ``awa.runtime_instances`` describes it."""
+
+    instance_id: uuid.UUID
+    hostname: str | None
+    pid: int
+    version: str
+    capability: str
+    role: str
+    last_seen_at: datetime
+
+    @property
+    def name(self) -> str:
+        """How an operator finds the process: host and pid, then the id finalize would count."""
+        return f"{self.hostname or '?'}:{self.pid} ({self.instance_id})"
+
+    @property
+    def blocks_finalize(self) -> bool:
+        return self.capability == BLOCKING_CAPABILITY
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "instance_id": str(self.instance_id),
+            "hostname": self.hostname,
+            "pid": self.pid,
+            "version": self.version,
+            "storage_capability": self.capability,
+            "transition_role": self.role,
+            "last_seen_at": self.last_seen_at.isoformat(),
+        }
 
 
 @dataclass(frozen=True)
@@ -66,6 +129,9 @@ class ClusterStatus:
     jobs_hot: Mapping[str, int] = field(default_factory=dict)
     scheduled_jobs: Mapping[str, int] = field(default_factory=dict)
     deferred_jobs: Mapping[str, int] = field(default_factory=dict)
+    runtimes: tuple[Runtime, ...] | None = None
+    """The live runtimes, by finalize's rule; None when ``awa.runtime_instances`` does not exist
+    (the test fixture omits it)."""
 
     @property
     def canonical_live_backlog(self) -> int:
@@ -74,9 +140,18 @@ class ClusterStatus:
         return live_hot + sum(self.scheduled_jobs.values())
 
     @property
+    def finalize_blockers(self) -> tuple[Runtime, ...]:
+        """The live runtimes that make finalize refuse, whatever the backlog."""
+        return tuple(r for r in self.runtimes or () if r.blocks_finalize)
+
+    @property
     def finalize_ready(self) -> bool:
-        """The backlog half of the finalize gate (live runtimes are not inspected)."""
-        return self.phase == "mixed_transition" and self.canonical_live_backlog == 0
+        """Whether ``awa storage finalize`` would pass now: both halves of its gate."""
+        return (
+            self.phase == "mixed_transition"
+            and self.canonical_live_backlog == 0
+            and not self.finalize_blockers
+        )
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -93,6 +168,10 @@ class ClusterStatus:
             "scheduled_jobs": dict(self.scheduled_jobs),
             "deferred_jobs": dict(self.deferred_jobs),
             "canonical_live_backlog": self.canonical_live_backlog,
+            "live_runtimes": None
+            if self.runtimes is None
+            else [runtime.as_dict() for runtime in self.runtimes],
+            "finalize_blocked_by": [runtime.name for runtime in self.finalize_blockers],
             "finalize_ready": self.finalize_ready,
         }
 
@@ -148,8 +227,51 @@ def _translate_or_none(schema: str | None) -> dict[str | None, str | None] | Non
         return None
 
 
+def live_runtimes(conn: sa.Connection) -> tuple[Runtime, ...] | None:
+    """The runtimes finalize counts as live, oldest first; None without the table.
+
+    The window is finalize's expression, term for term and in integer arithmetic, evaluated by
+    the server against its own ``now()``, so the two never disagree about a runtime at the edge.
+    """
+    if not _regclass_exists(conn, "awa.runtime_instances"):
+        return None
+    ri = runtime_instances
+    snapshot_secs = sa.func.greatest(ri.c.snapshot_interval_ms, 1000) // 1000
+    window_secs = sa.func.greatest(sa.cast(snapshot_secs * 3, sa.Integer), 30)
+    # make_interval(years, months, weeks, days, hours, mins, secs): secs => window_secs
+    window = sa.func.make_interval(0, 0, 0, 0, 0, 0, window_secs)
+    rows = conn.execute(
+        sa.select(
+            ri.c.instance_id,
+            ri.c.hostname,
+            ri.c.pid,
+            ri.c.version,
+            ri.c.storage_capability,
+            ri.c.transition_role,
+            ri.c.last_seen_at,
+        )
+        .where(ri.c.last_seen_at + window >= sa.func.now())
+        .order_by(ri.c.last_seen_at, ri.c.instance_id)
+    )
+    return tuple(
+        Runtime(
+            instance_id=row.instance_id,
+            hostname=row.hostname,
+            pid=row.pid,
+            version=row.version,
+            capability=row.storage_capability,
+            role=row.transition_role,
+            last_seen_at=row.last_seen_at,
+        )
+        for row in rows
+    )
+
+
 def read_status_in(conn: sa.Connection) -> ClusterStatus:
-    """Read the status inside the caller's transaction; raises :class:`StatusError`."""
+    """Read the status inside the caller's transaction.
+
+    Raises :class:`~awa_sa.tools.errors.StatusError` when the database is not a v040 cluster.
+    """
     version = _check_version(conn)
     sts = storage_transition_state
     row = conn.execute(
@@ -184,6 +306,7 @@ def read_status_in(conn: sa.Connection) -> ClusterStatus:
         jobs_hot=_counts_by_state(conn, jobs_hot),
         scheduled_jobs=_counts_by_state(conn, scheduled_jobs),
         deferred_jobs=deferred,
+        runtimes=live_runtimes(conn),
     )
 
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from jobs import insert_holder, insert_job, scalar
+from jobs import canonical_state, insert_holder, insert_job
 from racing import DEFAULT_TIMEOUT, HeldTransaction, blocked_by
-from sqlalchemy import event
+from recording import recording
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import awa_sa.asyncio as awa_async
@@ -28,26 +28,19 @@ def _new_job(engine: sa.Engine, **kw: Any) -> int:
         return insert_job(conn, **kw)
 
 
-def _state(engine: sa.Engine, job: int) -> str | None:
-    with engine.connect() as conn:
-        return scalar(conn, "SELECT state::text FROM awa.jobs_hot WHERE id = :i", i=job)
+def checked_out(async_engine: AsyncEngine) -> int:
+    """Connections out of the pool now: every call must have given its own back."""
+    pool = async_engine.sync_engine.pool
+    assert isinstance(pool, sa.pool.QueuePool)  # the async engine's default, which counts them
+    return pool.checkedout()
 
 
 @pytest.fixture
 def seen(async_engine: AsyncEngine) -> Iterator[list[str]]:
     """What a tracer hooked on the sync engine records: statements' first words, BEGIN, ..."""
-    out: list[str] = []
-    sync = async_engine.sync_engine
-    hooks: list[tuple[str, Any]] = [
-        ("before_cursor_execute", lambda *a: out.append(a[2].split(maxsplit=1)[0].upper()))
-    ]
-    for name in ("begin", "commit", "rollback", "checkout", "checkin"):
-        hooks.append((name, lambda *_, name=name: out.append(name.upper())))
-    for name, hook in hooks:
-        event.listen(sync.pool if name.startswith("check") else sync, name, hook)
-    yield out
-    for name, hook in hooks:
-        event.remove(sync.pool if name.startswith("check") else sync, name, hook)
+    events = ("begin", "commit", "rollback", "checkout", "checkin")
+    with recording(async_engine.sync_engine, events=events) as out:
+        yield out
 
 
 async def test_events_fire_in_order_and_the_connection_goes_back(
@@ -59,8 +52,8 @@ async def test_events_fire_in_order_and_the_connection_goes_back(
     outcome = await awa_async.reschedule_canonical_attempt(async_engine, job, 1, Snooze(1))
     assert isinstance(outcome, Rescheduled)
     assert seen == ["CHECKOUT", "BEGIN", "SELECT", "WITH", "COMMIT", "CHECKIN"]
-    assert async_engine.sync_engine.pool.checkedout() == 0  # type: ignore[attr-defined]
-    assert _state(engine, job) is None
+    assert checked_out(async_engine) == 0
+    assert canonical_state(engine, job) is None
 
 
 async def test_a_failure_rolls_back_and_returns_the_connection(
@@ -73,8 +66,8 @@ async def test_a_failure_rolls_back_and_returns_the_connection(
         await awa_async.reschedule_canonical_attempt(async_engine, job, 1, Snooze(5))
     assert seen[-2:] == ["ROLLBACK", "CHECKIN"]
     assert "COMMIT" not in seen
-    assert async_engine.sync_engine.pool.checkedout() == 0  # type: ignore[attr-defined]
-    assert _state(engine, job) == "running"
+    assert checked_out(async_engine) == 0
+    assert canonical_state(engine, job) == "running"
 
 
 async def test_a_task_cancelled_while_waiting_writes_nothing_and_leaks_nothing(
@@ -97,7 +90,7 @@ async def test_a_task_cancelled_while_waiting_writes_nothing_and_leaks_nothing(
             await call
     finally:
         holder.rollback()
-    assert _state(engine, job) == "running"
-    assert async_engine.sync_engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    assert canonical_state(engine, job) == "running"
+    assert checked_out(async_engine) == 0
     outcome = await awa_async.reschedule_canonical_attempt(async_engine, job, 1, Snooze(1))
     assert isinstance(outcome, Rescheduled)

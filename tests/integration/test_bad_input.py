@@ -23,16 +23,37 @@ from awa_sa import (
     Rescheduled,
     RetryBackoff,
     Snooze,
+    Stale,
     ValidationError,
     reschedule_canonical_attempt,
     reschedule_canonical_attempts,
 )
-from awa_sa.reschedule import prepare, run
+from awa_sa.reschedule import prepare, run_all
 
 
 def test_bigint_edges_are_accepted(engine: sa.Engine) -> None:
-    for value in (2**63 - 1, -(2**63)):
-        assert reschedule_canonical_attempt(engine, value, value, RetryBackoff()) is not None
+    """The largest id and lease a bigint holds are bound and matched exactly, and the attempt
+    is written; the smallest finds no job (ids are positive) and changes nothing."""
+    top = 2**63 - 1
+    with engine.begin() as conn:
+        job = insert_job(conn)
+        conn.execute(
+            sa.text("UPDATE awa.jobs_hot SET id = :top, run_lease = :top WHERE id = :job"),
+            {"top": top, "job": job},
+        )
+    outcome = reschedule_canonical_attempt(engine, top, top, RetryBackoff())
+    assert isinstance(outcome, Rescheduled)
+    assert outcome.job_id == top
+    with engine.connect() as conn:
+        moved = conn.execute(
+            sa.text("SELECT id, run_lease, state::text FROM awa.scheduled_jobs WHERE id = :top"),
+            {"top": top},
+        ).one()
+    assert tuple(moved) == (top, top, "retryable")
+    before = snapshot_of(engine)
+    bottom = -(2**63)
+    assert reschedule_canonical_attempt(engine, bottom, bottom, RetryBackoff()) == Stale()
+    assert snapshot_of(engine) == before
 
 
 def test_autocommit_bind_is_refused(engine: sa.Engine) -> None:
@@ -157,6 +178,6 @@ def test_run_at_outside_python_range_fails_inside_the_statement(cluster: Any, ph
         call = prepare(job, 1, Snooze(1), None, None)
         call = dataclasses.replace(call, params={**call.params, "b_delay": delay})
         with cluster.engine.begin() as conn, pytest.raises(DatabaseError) as info:
-            run(conn, call)
+            run_all(conn, [call])
         assert info.value.sqlstate == "22008"
     assert snapshot_of(cluster.engine) == before

@@ -31,6 +31,7 @@ from jobs import (
     insert_holder,
     insert_job,
 )
+from recording import recording, step
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -287,36 +288,9 @@ def test_random_batch_equals_one_by_one(
 
 @pytest.fixture
 def sent(engine: sa.Engine) -> Iterator[list[str]]:
-    """Statements sent on *engine*, labelled, plus BEGIN/COMMIT events."""
-    seen: list[str] = []
-    labels = [
-        ("SAVEPOINT", "savepoint"),
-        ("RELEASE SAVEPOINT", "release"),
-        ("ROLLBACK TO SAVEPOINT", "rollback to"),
-        ("FOR SHARE", "lock"),
-        ("active_queue_storage_schema", "routing+move"),
-        ("nextval(", "take"),
-        ("INSERT INTO awa.scheduled_jobs", "move"),
-        ("INSERT INTO awa.job_unique_claims", "claims"),
-        (".deferred_jobs", "deferred"),
-        (".done_entries", "cancelled"),
-    ]
-
-    def record(*args: Any) -> None:
-        sql: str = args[2]
-        prefixed = [label for prefix, label in labels[:3] if sql.startswith(prefix)]
-        found = prefixed or [label for needle, label in labels[3:] if needle in sql]
-        seen.append(found[0] if found else "other")
-
-    hooks: list[tuple[str, Any]] = [("before_cursor_execute", record)]
-    hooks += [
-        (name, lambda *_, name=name: seen.append(name.upper())) for name in ("begin", "commit")
-    ]
-    for name, hook in hooks:
-        event.listen(engine, name, hook)
-    yield seen
-    for name, hook in hooks:
-        event.remove(engine, name, hook)
+    """Statements sent on *engine*, labelled by their step, plus BEGIN/COMMIT events."""
+    with recording(engine, step, events=("begin", "commit")) as seen:
+        yield seen
 
 
 def test_empty_batch_touches_nothing(engine: sa.Engine, sent: list[str]) -> None:
@@ -335,6 +309,7 @@ def test_every_item_is_validated_first_and_named_by_index(
         job = insert_job(conn)
     sent.clear()
     good = Attempt(job, 1, Snooze(1))
+    # Wrong types on purpose (hence the ignores): a caller without a type checker can pass them.
     cases: list[tuple[Any, str]] = [
         ([good, Attempt(job, 1, "snooze")], r"attempts\[1\]: kind must be"),  # type: ignore[arg-type]
         ([good, good, Attempt(job, 1, Snooze(1), error={1j})], r"attempts\[2\]: error is not"),
@@ -347,7 +322,7 @@ def test_every_item_is_validated_first_and_named_by_index(
     for attempts, message in cases:
         with pytest.raises(ValidationError, match=message):
             reschedule_canonical_attempts(engine, attempts)
-    with pytest.raises(ValidationError, match="AsyncEngine"):
+    with pytest.raises(ValidationError, match="AsyncEngine"):  # the async face's bind, on purpose
         reschedule_canonical_attempts(create_async_engine(engine.url), [good])  # type: ignore[arg-type]
     assert sent == []
     assert reschedule_canonical_attempts(engine, [good]) != [Stale()]  # the job is untouched
@@ -412,7 +387,7 @@ def test_release_order_decides_in_queue_storage(
     items = [Attempt(claimer, 1, Snooze(1)), Attempt(holder, 1, RetryAfter(1))]
     outcomes = compare(engine, clone_database, items)
     assert [o[0] for o in outcomes] == ["CancelledDuplicate", "Migrated"]
-    assert sent.count("take") == 1 + 2  # the batch's take touched nothing; then one each
+    assert sent.count("take+allocate") == 1 + 2  # the batch's take touched nothing; then one each
 
 
 @pytest.mark.parametrize("schema", SCHEMAS)
@@ -450,11 +425,11 @@ def test_lost_claims_and_a_unique_violation_fall_back_per_item(
         ("Migrated", 504),
     ]
     batch = sent[sent.index("lock") :]
-    head = ["lock", "routing+move", "savepoint", "take"]
+    head = ["lock", "routing+move", "savepoint", "take+allocate"]
     assert batch[: len(head)] == head
     assert batch[len(head) : len(head) + 7] == [
-        *["savepoint", "claims", "rollback to"],  # b and c lost
-        *["savepoint", "claims", "deferred", "rollback to"],  # 503 taken: which row?
+        *["savepoint", "claim", "rollback to"],  # b and c lost
+        *["savepoint", "claim", "deferred", "rollback to"],  # 503 taken: which row?
     ]
 
 
@@ -476,8 +451,8 @@ def test_queue_storage_batch_statements_do_not_grow(
     outcomes = reschedule_canonical_attempts(engine, items)
     assert [type(o) for o in outcomes] == [Migrated] * 80 + [Rescheduled] * 10 + [Stale]
     assert sent == [
-        *["BEGIN", "lock", "routing+move", "savepoint", "take", "move"],
-        *["savepoint", "claims", "deferred", "release", "release", "COMMIT"],
+        *["BEGIN", "lock", "routing+move", "savepoint", "take+allocate", "move"],
+        *["savepoint", "claim", "deferred", "release", "release", "COMMIT"],
     ]
 
 
@@ -567,6 +542,7 @@ async def test_async_batch(engine: sa.Engine) -> None:
         outcomes = await awa_async.reschedule_canonical_attempts(aengine, items[:3])
         assert [type(o) for o in outcomes] == [Migrated] * 3
         assert await awa_async.reschedule_canonical_attempts(aengine, []) == []
+        # A kind of None and a sync bind: wrong types on purpose (hence the ignores).
         with pytest.raises(ValidationError, match=r"attempts\[0\]"):
             await awa_async.reschedule_canonical_attempts(aengine, [Attempt(1, 1, None)])  # type: ignore[arg-type]
         with pytest.raises(ValidationError, match="sync binds"):

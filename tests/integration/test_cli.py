@@ -218,7 +218,8 @@ def test_status_url_from_environment(db_url: str) -> None:
 def test_status_accepts_awa_style_url(pg: EmbeddedPostgres, db_url: str) -> None:
     """``postgres://`` is what awa's own CLI takes in DATABASE_URL."""
     dbname = sa.make_url(db_url).database
-    data = status_json(f"postgres://{pg.user}@{pg.host}:{pg.port}/{dbname}")
+    assert dbname is not None
+    data = status_json(pg.database_url(dbname, "postgres"))
     assert data["phase"] == "canonical"
 
 

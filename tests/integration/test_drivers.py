@@ -25,7 +25,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable, Coroutine, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -38,6 +38,7 @@ from jobs import (
     CANONICAL_TABLES,
     QS_TABLES,
     advance_all,
+    canonical_state,
     duplicate_mask,
     insert_holder,
     insert_job,
@@ -45,6 +46,7 @@ from jobs import (
 )
 from pytest_postgresql.janitor import DatabaseJanitor
 from racing import fingerprint, held, in_thread, wait_for, wait_until_blocked
+from recording import recording
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
@@ -210,7 +212,7 @@ JSON_ERRORS = ['{"error": "échec ☃", "n": 123456789012345678901, "d": 0.10000
 JSON_PROGRESS = '{"pct": 1.000000000000000000001, "☃": [1e400, -1e400]}'
 ERROR_INPUT = {"message": "délai dépassé ☃", "big": 12345678901234567890, "☃": [[1, [2]], []]}
 PROGRESS_INPUT = {"☃ page": [1, [2, [3]]], "n": 98765432109876543210, "f": 0.1, "s": "日本"}
-HOSTILE = {
+HOSTILE: dict[str, Any] = {
     "args": JSON_ARGS,
     "metadata": JSON_METADATA,
     "errors": JSON_ERRORS,
@@ -229,7 +231,7 @@ def seed(conn: sa.Connection) -> dict[str, int]:
     jobs: dict[str, int] = {}
     # Canonical routing: rows 1-4, a backoff, a batch, and an overflow the database refuses.
     jobs["c_stale"] = insert_job(conn, run_lease=3)
-    jobs["c_plain"] = insert_job(conn, **HOSTILE)  # type: ignore[arg-type]
+    jobs["c_plain"] = insert_job(conn, **HOSTILE)
     jobs["c_claim"] = insert_job(conn, unique_key=b"c-claim", unique_states="11111000")
     jobs["c_backoff"] = insert_job(conn, attempt=20, max_attempts=30)
     jobs["c_b1"] = insert_job(conn, queue="q1")
@@ -240,7 +242,7 @@ def seed(conn: sa.Connection) -> dict[str, int]:
     # Queue-storage routing: rows 5-10, a batch, and bad input.
     jobs["q_stale"] = insert_job(conn, run_lease=3)
     jobs["q_callback"] = insert_job(conn, callbacks=["callback_id", "callback_on_fail"])
-    jobs["q_plain"] = insert_job(conn, **HOSTILE)  # type: ignore[arg-type]
+    jobs["q_plain"] = insert_job(conn, **HOSTILE)
     jobs["q_claim"] = insert_job(conn, unique_key=b"q-claim", unique_states="11111000")
     for name, cancelled in (("q_dup", False), ("q_dup_cc", True)):
         key = name.encode()
@@ -284,30 +286,21 @@ def _result(outcome_or_error: Any, now: datetime) -> Any:
 def _recording(face: Face, walk: Walk) -> Iterator[None]:
     """The first word of every statement sent (and BEGIN/COMMIT/ROLLBACK), and the log records."""
 
-    def statement(*args: Any) -> None:
-        walk.sent.append(args[2].split(maxsplit=1)[0].upper())
-
-    hooks: list[tuple[str, Callable[..., None]]] = [("before_cursor_execute", statement)]
-    for name in ("begin", "commit", "rollback"):
-        hooks.append((name, lambda *_, name=name: walk.sent.append(name.upper())))
-
     class Records(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            walk.records.append(
-                (record.awa_job_id, record.awa_kind, record.awa_routing, record.awa_outcome)  # type: ignore[attr-defined]
-            )
+            # The flow's `extra=` fields: attributes the LogRecord type cannot declare.
+            fields = ("awa_job_id", "awa_kind", "awa_routing", "awa_outcome")
+            walk.records.append(tuple(getattr(record, name) for name in fields))
 
     logger, handler = logging.getLogger("awa_sa"), Records()
     level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)
-    for name, hook in hooks:
-        event.listen(face.engine, name, hook)
     try:
-        yield
+        with recording(face.engine) as sent:
+            yield
+        walk.sent += sent
     finally:
-        for name, hook in hooks:
-            event.remove(face.engine, name, hook)
         logger.removeHandler(handler)
         logger.setLevel(level)
 
@@ -455,6 +448,7 @@ class Seeded:
                 user=self.pg.user,
                 host=self.pg.host,
                 port=self.pg.port,
+                password=self.pg.password,
                 dbname=name,
                 template_dbname=template,
             )
@@ -469,7 +463,7 @@ class Seeded:
 
 
 def _url(pg: EmbeddedPostgres, dbname: str) -> str:
-    return f"postgresql+psycopg://{pg.user}@{pg.host}:{pg.port}/{dbname}"
+    return pg.database_url(dbname)
 
 
 @pytest.fixture(scope="session")
@@ -592,13 +586,6 @@ def _face(driver: str, url: str) -> Iterator[Face]:
         face.dispose()
 
 
-def _state(engine: sa.Engine, job_id: int) -> str | None:
-    with engine.connect() as conn:
-        return conn.scalar(
-            sa.text("SELECT state::text FROM awa.jobs_hot WHERE id = :i"), {"i": job_id}
-        )
-
-
 def _own_writes(engine: sa.Engine) -> int:
     with engine.connect() as conn:
         return int(
@@ -615,11 +602,8 @@ def _snapshot(engine: sa.Engine) -> dict[str, Any]:
         return snapshot(conn)
 
 
-@contextmanager
-def _sent(face: Face) -> Iterator[list[str]]:
-    walk = Walk()
-    with _recording(face, walk):
-        yield walk.sent
+def _sent(face: Face) -> AbstractContextManager[list[str]]:
+    return recording(face.engine)
 
 
 @pytest.mark.parametrize("driver", DRIVERS)
@@ -636,7 +620,7 @@ def test_forms_autocommit_and_budget(driver: str, cluster: Cluster) -> None:
         with _sent(face) as sent:
             assert isinstance(face.call(jobs[0], 1, Snooze(5)), Rescheduled)
         assert sent == ["BEGIN", "SELECT", "WITH", "COMMIT"]
-        assert _state(engine, jobs[0]) is None
+        assert canonical_state(engine, jobs[0]) is None
         with _sent(face) as sent:
             outcomes = face.calls([Attempt(j, 1, RetryAfter(1)) for j in jobs[1:3]])
         assert sent == ["BEGIN", "SELECT", "WITH", "COMMIT"]
@@ -646,14 +630,16 @@ def test_forms_autocommit_and_budget(driver: str, cluster: Cluster) -> None:
         with face.transaction() as tx:
             tx.execute(OWN_WRITE)
             assert isinstance(tx.call(jobs[3], 1, Snooze(5)), Rescheduled)
-            assert _state(engine, jobs[3]) == "running"  # nothing committed behind its back
+            assert (
+                canonical_state(engine, jobs[3]) == "running"
+            )  # nothing committed behind its back
             tx.rollback()
-        assert (_state(engine, jobs[3]), _own_writes(engine)) == ("running", 0)
+        assert (canonical_state(engine, jobs[3]), _own_writes(engine)) == ("running", 0)
         # ... and its commit keeps both.
         with face.transaction() as tx:
             tx.execute(OWN_WRITE)
             assert isinstance(tx.call(jobs[3], 1, Snooze(5)), Rescheduled)
-        assert (_state(engine, jobs[3]), _own_writes(engine)) == (None, 1)
+        assert (canonical_state(engine, jobs[3]), _own_writes(engine)) == (None, 1)
 
         # A canonical conflict aborts the caller's transaction, as in Awa.
         with face.transaction() as tx:
@@ -664,7 +650,7 @@ def test_forms_autocommit_and_budget(driver: str, cluster: Cluster) -> None:
             with pytest.raises(sa.exc.DBAPIError):
                 tx.scalar("SELECT 1")
             tx.rollback()
-        assert (_state(engine, conflict), _own_writes(engine)) == ("running", 1)
+        assert (canonical_state(engine, conflict), _own_writes(engine)) == ("running", 1)
 
         # In queue storage, an error after the take is undone by the savepoint alone.
         cluster.set_phase("mixed_transition", "awa_qs")

@@ -291,7 +291,7 @@ def test_phases_in_sequence_count_epochs_like_the_cli(conn: sa.Connection) -> No
         ("mixed_transition", "3_after_enter_mixed_transition"),
         ("aborted", "4_after_abort_from_mixed_transition"),
     ]:
-        awa_sa_schema.set_phase(conn, phase)
+        awa_sa_schema.set_phase(conn, phase, "awa")  # `prepare` without details: Awa's default
         expected = catalog[observed]
         row = _transition_row(conn)
         for column in ("current_engine", "prepared_engine", "state", "details"):
@@ -314,20 +314,20 @@ def test_set_phase_refuses_what_cannot_route(fixture_conn: sa.Connection) -> Non
     with pytest.raises(ValueError, match="invalid queue-storage schema name"):
         awa_sa_schema.set_phase(conn, "prepared", "Bad-Name")
     with pytest.raises(ValueError, match="unknown phase"):
-        awa_sa_schema.set_phase(conn, "finalized")
+        awa_sa_schema.set_phase(conn, "finalized", "awa_qs")
     assert _transition_row(conn)["transition_epoch"] == 0  # nothing was written
     # prepared only records a name; the CLI does not check it either.
     awa_sa_schema.set_phase(conn, "prepared", "not_installed")
     awa_sa_schema.set_phase(conn, "active", "awa_qs")
     with pytest.raises(ValueError, match="cannot abort from state 'active'"):
-        awa_sa_schema.set_phase(conn, "aborted")
+        awa_sa_schema.set_phase(conn, "aborted", "awa_qs")
     assert _routing(conn) == (QS, "awa_qs")
 
 
 def test_set_phase_recreates_a_deleted_singleton(fixture_conn: sa.Connection) -> None:
     fixture_conn.execute(sa.text("DELETE FROM awa.storage_transition_state"))
     with pytest.raises(ValueError, match="cannot abort from no singleton row"):
-        awa_sa_schema.set_phase(fixture_conn, "aborted")
+        awa_sa_schema.set_phase(fixture_conn, "aborted", "awa_qs")
     awa_sa_schema.set_phase(fixture_conn, "mixed_transition", "awa_qs")
     assert _routing(fixture_conn) == (QS, "awa_qs")
 
@@ -460,7 +460,7 @@ def test_a_read_that_waited_for_an_abort_sees_its_older_snapshot(any_engine: sa.
     with any_engine.connect() as aborter, any_engine.connect() as reader:
         pid = int(reader.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
         reader.rollback()
-        awa_sa_schema.set_phase(aborter, "aborted")  # holds the singleton FOR UPDATE
+        awa_sa_schema.set_phase(aborter, "aborted", "awa_qs")  # holds the singleton FOR UPDATE
         with ThreadPoolExecutor(max_workers=1) as pool:
             one_statement = pool.submit(
                 lambda: reader.execute(sa.text(ONE_STATEMENT_READ)).scalar_one()
@@ -471,7 +471,7 @@ def test_a_read_that_waited_for_an_abort_sees_its_older_snapshot(any_engine: sa.
         reader.rollback()
         with any_engine.begin() as conn:
             awa_sa_schema.set_phase(conn, "mixed_transition", "awa_qs")
-        awa_sa_schema.set_phase(aborter, "aborted")
+        awa_sa_schema.set_phase(aborter, "aborted", "awa_qs")
         with ThreadPoolExecutor(max_workers=1) as pool:
             two_statements = pool.submit(
                 lambda: (

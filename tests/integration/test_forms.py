@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from jobs import insert_holder, insert_job, scalar, snapshot_of
-from sqlalchemy import event
+from jobs import canonical_state, insert_holder, insert_job, scalar, snapshot_of
+from recording import recording
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import awa_sa.asyncio as awa_async
@@ -53,11 +53,6 @@ def _new_job(engine: sa.Engine, **kw: Any) -> int:
         return insert_job(conn, **kw)
 
 
-def _state(engine: sa.Engine, job: int) -> str | None:
-    with engine.connect() as conn:
-        return scalar(conn, "SELECT state::text FROM awa.jobs_hot WHERE id = :i", i=job)
-
-
 def _own_writes(engine: sa.Engine) -> int:
     with engine.connect() as conn:
         return int(scalar(conn, OWN_WRITES))
@@ -70,7 +65,7 @@ def test_engine_form_commits_its_own_transaction(
     _set_phase(engine, phase)
     job = _new_job(engine)
     assert isinstance(reschedule_canonical_attempt(engine, job, 1, Snooze(5)), expected)
-    assert _state(engine, job) is None  # visible to a fresh connection: committed
+    assert canonical_state(engine, job) is None  # visible to a fresh connection: committed
 
 
 @pytest.mark.parametrize(("phase", "expected"), PHASES)
@@ -84,16 +79,16 @@ def test_connection_form_joins_the_callers_transaction(
         conn.execute(OWN_WRITE)  # autobegun: the caller owns this transaction
         assert isinstance(reschedule_canonical_attempt(conn, dropped, 1, Snooze(5)), expected)
         assert conn.in_transaction()
-        assert _state(engine, dropped) == "running"  # nothing committed behind our back
+        assert canonical_state(engine, dropped) == "running"  # nothing committed behind our back
         conn.rollback()
-    assert _state(engine, dropped) == "running"
+    assert canonical_state(engine, dropped) == "running"
     assert _own_writes(engine) == 0
 
     with engine.begin() as conn:
         conn.execute(OWN_WRITE)
         assert isinstance(reschedule_canonical_attempt(conn, kept, 1, Snooze(5)), expected)
-        assert _state(engine, kept) == "running"
-    assert _state(engine, kept) is None
+        assert canonical_state(engine, kept) == "running"
+    assert canonical_state(engine, kept) is None
     assert _own_writes(engine) == 1
 
 
@@ -132,7 +127,7 @@ def test_connection_form_canonical_conflict_aborts_the_callers_transaction(
         with pytest.raises(sa.exc.InternalError):  # in_failed_sql_transaction
             conn.execute(sa.text("SELECT 1"))
         conn.rollback()
-    assert _state(engine, job) == "running"
+    assert canonical_state(engine, job) == "running"
     assert _own_writes(engine) == 0
 
 
@@ -146,7 +141,7 @@ async def test_async_engine_form(
         async_engine, job, 1, RetryAfter(2.5), error={"e": 1}, progress=[1]
     )
     assert isinstance(outcome, expected)
-    assert _state(engine, job) is None
+    assert canonical_state(engine, job) is None
     assert await awa_async.reschedule_canonical_attempt(async_engine, job, 1, Snooze(1)) == Stale()
 
 
@@ -160,14 +155,14 @@ async def test_async_connection_form(
         await conn.execute(OWN_WRITE)
         outcome = await awa_async.reschedule_canonical_attempt(conn, dropped, 1, Snooze(5))
         assert isinstance(outcome, expected)
-        assert _state(engine, dropped) == "running"
+        assert canonical_state(engine, dropped) == "running"
         await conn.rollback()
-    assert _state(engine, dropped) == "running"
+    assert canonical_state(engine, dropped) == "running"
     async with async_engine.begin() as conn:
         await conn.execute(OWN_WRITE)
         outcome = await awa_async.reschedule_canonical_attempt(conn, kept, 1, Snooze(5))
         assert isinstance(outcome, expected)
-    assert _state(engine, kept) is None
+    assert canonical_state(engine, kept) is None
     assert _own_writes(engine) == 1
 
 
@@ -177,20 +172,8 @@ async def test_async_connection_form(
 @pytest.fixture
 def statements(engine: sa.Engine) -> Iterator[list[str]]:
     """Every statement sent on *engine*, as its first word, plus BEGIN/COMMIT/ROLLBACK events."""
-    seen: list[str] = []
-
-    def record(*args: Any) -> None:
-        sql = args[2]
-        seen.append(sql.split(maxsplit=1)[0].upper() if sql.strip() else sql)
-
-    hooks: list[tuple[str, Any]] = [("before_cursor_execute", record)]
-    for name in ("begin", "commit", "rollback"):
-        hooks.append((name, lambda *_, name=name: seen.append(name.upper())))
-    for name, hook in hooks:
-        event.listen(engine, name, hook)
-    yield seen
-    for name, hook in hooks:
-        event.remove(engine, name, hook)
+    with recording(engine) as seen:
+        yield seen
 
 
 def test_canonical_path_is_two_statements(engine: sa.Engine, statements: list[Any]) -> None:
@@ -240,13 +223,6 @@ def test_statement_text_is_compiled_once_and_reused(
     fall-through, batches) runs once per schema to warm up; then compiling is made to fail and
     the same paths run again, sending the very string objects held in the cache.
     """
-    sent: list[str] = []
-
-    def record(*args: Any) -> None:
-        if args[4].compiled is None:  # driver SQL: the library's own (the test's are Core)
-            sent.append(args[2])
-
-    event.listen(engine, "before_cursor_execute", record)
 
     def every_path(round_: int, schema: str) -> None:
         with engine.begin() as conn:
@@ -276,13 +252,17 @@ def test_statement_text_is_compiled_once_and_reused(
     for schema in ("awa_qs", "awa"):
         every_path(0, schema)
 
+    def unchanged(sql: str) -> str:
+        """The text itself, not a label: its identity is what is checked."""
+        return sql
+
     def refuse(*args: Any) -> None:
         raise AssertionError(f"compiled again: {args[0]}")
 
     monkeypatch.setattr(compiled, "compile_statement", refuse)
-    sent.clear()
-    for schema in ("awa_qs", "awa"):
-        every_path(1, schema)
+    with recording(engine, unchanged, events=(), driver_sql_only=True) as sent:
+        for schema in ("awa_qs", "awa"):
+            every_path(1, schema)
     cached = {id(text.sql) for texts in compiled._cache.values() for text in texts.values()}
     assert len(sent) > 40
     assert all(id(sql) in cached for sql in sent)  # the very objects compiled in round 0
@@ -299,9 +279,9 @@ def test_one_debug_record_per_call(engine: sa.Engine, caplog: pytest.LogCaptureF
         with pytest.raises(UniqueConflict):
             reschedule_canonical_attempt(engine, conflict, 1, Snooze(1))
     records = [r for r in caplog.records if r.name == "awa_sa"]
-    assert [
-        (r.levelno, r.awa_job_id, r.awa_kind, r.awa_routing, r.awa_outcome) for r in records
-    ] == [  # type: ignore[attr-defined]
+    # The flow's `extra=` fields: attributes the LogRecord type cannot declare.
+    fields = ("levelno", "awa_job_id", "awa_kind", "awa_routing", "awa_outcome")
+    assert [tuple(getattr(r, name) for name in fields) for r in records] == [
         (logging.DEBUG, ok, "Snooze", "canonical", "Rescheduled"),
         (logging.DEBUG, 999, "RetryAfter", "canonical", "Stale"),
         (logging.DEBUG, conflict, "Snooze", "canonical", "error UniqueConflict"),
@@ -325,4 +305,4 @@ def test_driver_and_sqlalchemy_errors_come_out_as_database_errors(engine: sa.Eng
         reschedule_canonical_attempt(conn, job, 1, Snooze(1))
     assert closed.value.sqlstate is None
     assert isinstance(closed.value.__cause__, sa.exc.ResourceClosedError)
-    assert _state(engine, job) == "running"
+    assert canonical_state(engine, job) == "running"

@@ -123,8 +123,11 @@ def _state(conn: sa.Connection, schema: str | None, job_id: int) -> tuple[str, i
     return str(row[0]), int(row[1])
 
 
-def _assert_successor(conn: sa.Connection, schema: str | None, job_id: int, won: Outcome) -> None:
-    """The attempt's successor exists exactly once, where the routing says, and nowhere else."""
+def _assert_successor(conn: sa.Connection, schema: str | None, job_id: int, won: Outcome) -> int:
+    """The attempt's successor exists exactly once, where the routing says, and nowhere else.
+
+    Returns the successor's id: the same job re-scheduled, or its new id in queue storage.
+    """
     if schema is None:
         assert isinstance(won, Rescheduled)
         assert won.job_id == job_id
@@ -133,6 +136,7 @@ def _assert_successor(conn: sa.Connection, schema: str | None, job_id: int, won:
         assert isinstance(won, Migrated)
         assert _where(conn, job_id) == {}
         assert _where(conn, won.job_id) == {f"{schema}.deferred_jobs": 1}
+    return won.job_id
 
 
 def _enter(cluster: Cluster, schema: str | None) -> None:
@@ -163,9 +167,9 @@ def _loser_waits_then_stale(engine: sa.Engine, schema: str | None) -> None:
     assert loser.result(timeout=20) == Stale()
 
     with engine.connect() as conn:
-        _assert_successor(conn, schema, job_id, won)
-        assert _state(conn, schema, won.job_id) == ("scheduled", 2)  # the winner's Snooze
-        assert _claims(conn, key) == [won.job_id]  # claimed once, by the successor
+        successor = _assert_successor(conn, schema, job_id, won)
+        assert _state(conn, schema, successor) == ("scheduled", 2)  # the winner's Snooze
+        assert _claims(conn, key) == [successor]  # claimed once, by the successor
         # Dirty marks of exactly one canonical write: the stale loser appends none.
         q, k = _marks(conn)
         per_write = 2 if schema is None else 1  # delete + insert, or delete only
@@ -173,7 +177,7 @@ def _loser_waits_then_stale(engine: sa.Engine, schema: str | None) -> None:
         if schema is not None:
             # One id consumed, by the winner; the loser never reached nextval.
             assert next_id is not None
-            assert won.job_id == next_id
+            assert successor == next_id
             assert _next_id(conn, schema) == next_id + 1
 
 
@@ -192,9 +196,9 @@ def _loser_proceeds_after_rollback(engine: sa.Engine, schema: str | None) -> Non
     won = second.result(timeout=20)
 
     with engine.connect() as conn:
-        _assert_successor(conn, schema, job_id, won)
-        assert _state(conn, schema, won.job_id) == ("retryable", 3)
-        assert _claims(conn, key) == [won.job_id]
+        successor = _assert_successor(conn, schema, job_id, won)
+        assert _state(conn, schema, successor) == ("retryable", 3)
+        assert _claims(conn, key) == [successor]
 
 
 def _free_races(engine: sa.Engine, schema: str | None, n: int = 8) -> None:
@@ -322,8 +326,8 @@ def _reschedule_first(engine: sa.Engine, schema: str | None) -> None:
         first.commit()
     assert rescue.result(timeout=20) == 0
     with engine.connect() as conn:
-        _assert_successor(conn, schema, job_id, won)
-        assert _state(conn, schema, won.job_id) == ("retryable", 3)
+        successor = _assert_successor(conn, schema, job_id, won)
+        assert _state(conn, schema, successor) == ("retryable", 3)
 
 
 def _rowcount(engine: sa.Engine, stmt: str, params: dict[str, Any]) -> int:

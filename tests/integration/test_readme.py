@@ -74,7 +74,8 @@ def test_readme_example_runs(engine: sa.Engine, db_url: str, index: int) -> None
     else:
         namespace["engine"].dispose()
     with engine.connect() as conn:
-        states = dict(conn.exec_driver_sql("SELECT id, state FROM awa.scheduled_jobs").all())
+        scheduled = conn.exec_driver_sql("SELECT id, state::text FROM awa.scheduled_jobs")
+        states: dict[int, str] = {row.id: row.state for row in scheduled}
         audit = conn.exec_driver_sql("SELECT job_id, what FROM audit").all()
     assert states[job_id] == ("scheduled" if "Snooze(" in code else "retryable")
     if "audit.insert()" in code:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from conftest import Cluster
 from jobs import (
     CALLBACK_VALUES,
     KINDS,
@@ -21,10 +22,10 @@ from jobs import (
     duplicate_mask,
     insert_holder,
     insert_job,
+    jsonb_text,
     next_state,
     row_text,
     rows,
-    scalar,
     seq_next,
     snapshot_of,
 )
@@ -56,7 +57,7 @@ CARRIED = [
 
 
 @pytest.fixture(params=CANONICAL_PHASES)
-def canon(cluster: Any, request: pytest.FixtureRequest) -> sa.Engine:
+def canon(cluster: Cluster, request: pytest.FixtureRequest) -> sa.Engine:
     cluster.set_phase(request.param, "awa_qs")
     with cluster.engine.begin() as conn:
         advance_all(conn)
@@ -105,8 +106,8 @@ def _check_moved(
         else:
             assert typed.finalized_at == called.now
         expected_errors = None if errors is None else json.dumps(errors)
-        assert _jsonb(conn, after["errors"]) == _jsonb(conn, expected_errors)
-        assert _jsonb(conn, after["progress"]) == _jsonb(conn, progress)
+        assert jsonb_text(conn, after["errors"]) == jsonb_text(conn, expected_errors)
+        assert jsonb_text(conn, after["progress"]) == jsonb_text(conn, progress)
     queue, kind_name = before["queue"], before["kind"]
     assert sorted((t, v) for (t, v, _) in called.new_marks.elements()) == [
         ("admin_dirty_kind_marks", kind_name),
@@ -114,12 +115,6 @@ def _check_moved(
         ("admin_dirty_queue_marks", queue),
         ("admin_dirty_queue_marks", queue),
     ]
-
-
-def _jsonb(conn: sa.Connection, value: str | None) -> str | None:
-    if value is None:
-        return None
-    return scalar(conn, "SELECT CAST(:v AS jsonb)::text", v=value)
 
 
 def _before(engine: sa.Engine, job_id: int) -> dict[str, Any]:

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from awa_sa.errors import EmbeddedPostgresError
 from awa_sa.testing import bindir
 from awa_sa.testing.bindir import BINDIR_ENV, MAJOR_ENV, WHEELS, candidates, find_binaries
+from awa_sa.testing.errors import EmbeddedPostgresError
 from awa_sa.testing.server import EmbeddedPostgres
 
 

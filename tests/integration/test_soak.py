@@ -4,7 +4,8 @@ The harness is ``soak.py``; this file runs it twice: on the Alembic fixture with
 transitions, and shortened on a real ``awa migrate`` cluster with Awa's ``awa.storage_*``
 functions. Both runs are bounded (about 25 s + 12 s by default); ``AWA_SA_SOAK_SECONDS`` sets
 the fixture run's length (the real run gets half). Figures are printed (``pytest -s``) and
-written to ``/tmp/awa-sa-soak-<kind>.json``.
+written to ``soak-<kind>.json`` in the test's own temporary directory (pytest keeps the last
+three runs' under its base temporary directory).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from soak import Report, Soak, SoakConfig, format_report, write_report
 SOAK_SECONDS = float(os.environ.get("AWA_SA_SOAK_SECONDS", "24"))
 
 
-def _finish(report: Report) -> None:
-    path = Path(f"/tmp/awa-sa-soak-{report.kind}.json")
+def _finish(report: Report, directory: Path) -> None:
+    path = directory / f"soak-{report.kind}.json"
     write_report(report, path)
     print()
     print(format_report(report))
@@ -57,14 +58,14 @@ def _finish(report: Report) -> None:
     assert abort["waiting_at_commit"] >= 1  # writers were queued behind the abort
 
 
-def test_soak_on_the_fixture(db_url: str) -> None:
+def test_soak_on_the_fixture(db_url: str, tmp_path: Path) -> None:
     config = SoakConfig(seconds=SOAK_SECONDS, label="fixture")
-    _finish(Soak(db_url, EmulatedTransitions(), config).run())
+    _finish(Soak(db_url, EmulatedTransitions(), config).run(), tmp_path)
 
 
-def test_soak_on_a_real_cluster(real_db_url: str, real_engine: sa.Engine) -> None:
+def test_soak_on_a_real_cluster(real_db_url: str, real_engine: sa.Engine, tmp_path: Path) -> None:
     """Shortened; transitions through ``awa.storage_prepare/enter_mixed_transition/abort/
     finalize``, with a live queue-storage runtime registered for the flip and retired for abort.
     """
     config = SoakConfig(seconds=SOAK_SECONDS / 2, jobs=80, label="real")
-    _finish(Soak(real_db_url, RealTransitions(real_engine), config).run())
+    _finish(Soak(real_db_url, RealTransitions(real_engine), config).run(), tmp_path)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from jobs import insert_holder, insert_job
-from sqlalchemy import event
+from recording import recording, step
 
 import awa_sa_schema
 from awa_sa import (
@@ -27,46 +27,11 @@ from awa_sa import (
     reschedule_canonical_attempt,
 )
 
-PREFIXES = [
-    ("RELEASE SAVEPOINT", "release"),
-    ("ROLLBACK TO SAVEPOINT", "rollback to"),
-    ("SAVEPOINT", "savepoint"),
-]
-LABELS = [  # first match wins
-    ("FOR SHARE", "lock"),
-    ("active_queue_storage_schema", "routing+move"),
-    ("nextval(", "take+allocate"),
-    ("INSERT INTO awa.scheduled_jobs", "move"),
-    ("INSERT INTO awa.job_unique_claims", "claim"),
-    (".deferred_jobs", "deferred"),
-    (".queue_ring_state", "ring"),
-    ("pg_advisory_xact_lock", "lane lock"),
-    (".queue_lanes", "lane"),
-    (".queue_enqueue_heads", "enqueue head"),
-    (".queue_claim_heads", "claim head"),
-    (".ensure_lane_sequences(", "lane sequences"),
-    ("clock_timestamp()", "clock"),
-    (".done_entries", "cancelled+delta"),
-]
-
-
-def _label(sql: str) -> str:
-    for prefix, label in PREFIXES:
-        if sql.startswith(prefix):
-            return label
-    return next((label for needle, label in LABELS if needle in sql), sql)
-
 
 @pytest.fixture
 def sent(engine: sa.Engine) -> Iterator[list[str]]:
-    seen: list[str] = []
-
-    def record(*args: Any) -> None:
-        seen.append(_label(args[2]))
-
-    event.listen(engine, "before_cursor_execute", record)
-    yield seen
-    event.remove(engine, "before_cursor_execute", record)
+    with recording(engine, step, events=()) as seen:
+        yield seen
 
 
 def _run(engine: sa.Engine, sent: list[str], job: int, lease: int = 1) -> Any:

@@ -170,11 +170,11 @@ def test_a_key_is_claimed_while_the_mask_claims_running(awa_engine: sa.Engine) -
     [({"attempt": 0}, "attempt >= 1"), ({"attempt": 3, "run_lease": 2}, "run_lease >= attempt")],
 )
 def test_running_attempt_refuses_what_no_claim_leaves(
-    awa_engine: sa.Engine, arguments: dict[str, int], message: str
+    awa_engine: sa.Engine, arguments: dict[str, Any], message: str
 ) -> None:
     with awa_engine.begin() as conn:
         with pytest.raises(ValidationError, match=message):
-            running_attempt(conn, **arguments)  # type: ignore[arg-type]
+            running_attempt(conn, **arguments)
         assert conn.execute(sa.text("SELECT count(*) FROM awa.jobs_hot")).scalar_one() == 0
 
 

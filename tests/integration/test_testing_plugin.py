@@ -112,11 +112,12 @@ def scratch(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 @pytest.fixture
 def role(pg: EmbeddedPostgres) -> Iterator[tuple[str, sa.Engine]]:
-    """A fresh role on the suite's server, and an admin engine to grant it things."""
+    """A fresh role on the suite's server (its name is its password: the server asks for one),
+    and an admin engine to grant it things."""
     name = f"kit_{uuid.uuid4().hex[:8]}"
     admin = sa.create_engine(database_url(pg, "postgres"), isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        conn.exec_driver_sql(f"CREATE ROLE {name} LOGIN")
+        conn.exec_driver_sql(f"CREATE ROLE {name} LOGIN PASSWORD '{name}'")
     yield name, admin
     with admin.connect() as conn:
         # Fails while the role owns anything, such as a database the kit forgot to drop.
@@ -171,7 +172,7 @@ def test_an_existing_server_and_xdist_workers_with_a_template_each(
     ours = kit_databases(admin)  # this suite's own session runs on the same server
     seen = pytester.path / "seen"
     seen.mkdir()
-    monkeypatch.setenv(SERVER_URL_ENV, f"postgresql://{name}@{pg.host}:{pg.port}/postgres")
+    monkeypatch.setenv(SERVER_URL_ENV, f"postgresql://{name}:{name}@{pg.host}:{pg.port}/postgres")
     monkeypatch.setenv("KIT_SEEN", str(seen))
     pytester.makepyfile(
         test_shared="""
@@ -204,7 +205,7 @@ def test_a_server_without_createdb_is_refused_clearly(
 ) -> None:
     name, _ = role
     pytester.makepyfile(test_refused="def test_needs(awa_url):\n    pass\n")
-    url = f"postgresql://{name}@{pg.host}:{pg.port}/postgres"
+    url = f"postgresql://{name}:{name}@{pg.host}:{pg.port}/postgres"
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"{SERVER_URL_OPTION}={url}")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*awa_sa.testing:*lacks CREATEDB*"])

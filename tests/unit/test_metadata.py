@@ -6,8 +6,10 @@ That they match a real database column for column is tests/integration/test_meta
 from __future__ import annotations
 
 import observed_tables
+from sqlalchemy.sql import visitors
+from sqlalchemy.sql.expression import TableClause
 
-from awa_sa import queue_storage, tables
+from awa_sa import queue_storage, statements, tables
 from awa_sa.tools.status import schema_version
 
 CANONICAL = [
@@ -38,3 +40,18 @@ def test_metadata_covers_every_relation_the_library_writes() -> None:
         "queue_terminal_count_deltas",
         "ready_entries",
     } <= names
+
+
+def test_every_relation_a_statement_reaches_is_a_declared_table() -> None:
+    """Walked from the builders, so a new statement cannot name a table nobody declared (a
+    lightweight ``sa.table()``, or a second ``Table`` for an existing name)."""
+    declared = {id(table) for table in tables.metadata.sorted_tables}
+    declared |= {id(table) for table in queue_storage.metadata.sorted_tables}
+    reached = {
+        element
+        for builder in statements.all_builders()
+        for element in visitors.iterate(builder())
+        if isinstance(element, TableClause)
+    }
+    assert reached
+    assert [t.fullname for t in reached if id(t) not in declared] == []

@@ -1,22 +1,33 @@
-"""Every statement builder compiles for PostgreSQL without a database, and is cache friendly.
+"""Every statement builder compiles for PostgreSQL without a database, once per schema.
 
-SQLAlchemy's compiled cache keys on statement structure (and ``Table`` identity), so a builder
-must hand back the same object every time, carry values only as named bind parameters, and
-leave the queue-storage schema to ``schema_translate_map``.
+``awa_sa.compiled`` compiles each statement once per (statement object, dialect, schema) and
+sends the text, so a builder must hand back the same object every time, carry values only as
+named bind parameters (the text is reused for every call), and leave the queue-storage schema to
+``schema_translate_map`` (the same object serves every schema).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 from sqlalchemy.dialects.postgresql import psycopg
 
 from awa_sa import queue_storage, statements
+from awa_sa.tables import CALLBACK_COLUMNS, scheduled_jobs
 
 DIALECT = psycopg.dialect()
+
+
+class Batched(Protocol):
+    """A moving statement's builder: scalars for one attempt, arrays for a batch."""
+
+    def __call__(self, *, batch: bool) -> Any: ...
+
+
 BUILDERS = statements.all_builders()
 IDS = [f"{b.func.__name__}{b.keywords or ''}" for b in BUILDERS]
 
@@ -41,13 +52,31 @@ def test_only_named_bind_parameters(builder: Callable[[], Any]) -> None:
     assert all(name.startswith(("guard_", "b_")) for name in compiled.params), compiled.params
 
 
-@pytest.mark.parametrize("schema", ["awa", "awa_qs"])
+QS_OBJECTS = sorted(
+    [table.name for table in queue_storage.metadata.tables.values()]
+    + [queue_storage.job_id_seq.name, queue_storage.ensure_lane_sequences.name]
+)
+"""Every queue-storage relation, sequence and function a statement can name."""
+
+
+def _qualifiers(sql: str) -> set[str]:
+    """The schema in front of each mention of a queue-storage object ("" when unqualified)."""
+    found = set()
+    for name in QS_OBJECTS:
+        for match in re.finditer(rf"(?:([\w]+)\.)?\b{name}\b", sql):
+            found.add(match.group(1) or "")
+    return found
+
+
 @pytest.mark.parametrize("builder", BUILDERS, ids=IDS)
-def test_schema_only_through_translate_map(builder: Callable[[], Any], schema: str) -> None:
-    sql = _compile(builder(), schema)
-    assert queue_storage.QS_PLACEHOLDER not in sql
-    untranslated = _compile(builder())
-    assert ("awa_qs" in untranslated) is False
+def test_schema_only_through_translate_map(builder: Callable[[], Any]) -> None:
+    """Each queue-storage object is named under the routed schema, whatever that is, and nowhere
+    else: never unqualified (the search path would pick one) nor under a schema of its own."""
+    untranslated = _qualifiers(_compile(builder()))
+    assert untranslated <= {queue_storage.QS_PLACEHOLDER}
+    for schema in ("awa", "awa_qs", "qs_probe"):
+        translated = _qualifiers(_compile(builder(), schema))
+        assert translated == ({schema} if untranslated else set()), schema
 
 
 def test_routing_lock_is_a_share_lock() -> None:
@@ -77,7 +106,7 @@ def test_canonical_move_reads_routing_only_when_routed(batch: bool) -> None:
 @pytest.mark.parametrize(
     "builder", [partial(statements.canonical_move, routed=True), statements.take_and_allocate]
 )
-def test_moving_statements_take_a_batch_as_arrays(builder: Callable[[bool], Any]) -> None:
+def test_moving_statements_take_a_batch_as_arrays(builder: Batched) -> None:
     """One row per attempt, its position kept, the first of each (job_id, lease) winning."""
     sql = _compile(builder(batch=True), "awa_qs")
     assert "unnest(%(guard_id)s::BIGINT[], %(guard_lease)s::BIGINT[], %(b_tag)s::TEXT[]" in sql
@@ -94,12 +123,12 @@ def test_moving_statements_take_a_batch_as_arrays(builder: Callable[[bool], Any]
 def test_scheduled_insert_lists_all_27_columns() -> None:
     sql = _compile(statements.canonical_move(routed=False, batch=True))
     insert = sql.split("INSERT INTO awa.scheduled_jobs (", 1)[1].split(")", 1)[0]
-    assert [c.strip() for c in insert.split(",")] == [c.name for c in statements.scheduled_jobs.c]
+    assert [c.strip() for c in insert.split(",")] == [c.name for c in scheduled_jobs.c]
 
 
 def test_take_excludes_callback_wiring_and_allocates_from_the_schema_sequence() -> None:
     sql = _compile(statements.take_and_allocate(batch=True), "awa_qs")
-    for column in statements.CALLBACK_COLUMNS:
+    for column in CALLBACK_COLUMNS:
         assert f"awa.jobs_hot.{column} IS NULL" in sql
     assert "nextval('awa_qs.job_id_seq')" in sql
     assert "jobs_id_seq" not in sql

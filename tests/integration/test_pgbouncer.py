@@ -30,7 +30,7 @@ from jobs import insert_job
 from racing import fingerprint, held
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import create_async_engine
-from test_drivers import Face, Walk, _remember_pid, seed, walk
+from test_drivers import Face, Walk, _remember_pid, seeded_database, walk
 
 from awa_sa import Attempt, DatabaseError, Rescheduled
 from awa_sa.testing.pooler import PgBouncer, find_pgbouncer, pgbouncer
@@ -78,15 +78,8 @@ def bouncer(pg: EmbeddedPostgres) -> Iterator[PgBouncer]:
 @pytest.fixture(scope="module")
 def seeded_source(pg: EmbeddedPostgres, fixture_template: str) -> Iterator[tuple[str, Any]]:
     """The walk's seeded database (Alembic fixture), a source for clones."""
-    name = f"pooled_{uuid.uuid4().hex[:12]}"
-    janitor = _janitor(pg, name, template=fixture_template)
-    janitor.init()
-    engine = sa.create_engine(pg.database_url(name), poolclass=sa.NullPool)
-    with engine.begin() as conn:
-        jobs = seed(conn)
-    engine.dispose()
-    yield name, jobs
-    janitor.drop()
+    with seeded_database(pg, fixture_template, f"pooled_{uuid.uuid4().hex[:12]}") as source:
+        yield source
 
 
 def _walk_on_clone(

@@ -445,6 +445,22 @@ def _insert_scheduled(taken: CTE) -> CTE:
     )
 
 
+def _moved(
+    firsts: CTE, head: CTE, *, batch: bool, routed_here: list[ColumnElement[bool]]
+) -> Select[Any]:
+    """The guarded move where *routed_here* holds: the head, then ``(id, run_lease, run_at,
+    attempt)`` per moved job."""
+    moved = _insert_scheduled(_take(firsts, head, batch=batch, routed_here=routed_here))
+    return _head_then(
+        head,
+        moved,
+        moved.c.id,
+        moved.c.run_lease,
+        _representable(moved.c.run_at).label("run_at"),
+        moved.c.attempt,
+    )
+
+
 @_statement
 def canonical_move(*, routed: bool, batch: bool) -> Select[Any]:
     """After :func:`routing_lock`: read routing afresh and, only if it is NULL, move the rows.
@@ -467,16 +483,7 @@ def canonical_move(*, routed: bool, batch: bool) -> Select[Any]:
     routing_schema = _routing_read(routed).label("routing_schema")
     head = _head(routing_schema, _shared_key(firsts, batch).label("shared_key"))
     routed_here = _scalar(head, "routing_schema").is_(None)
-    taken = _take(firsts, head, batch=batch, routed_here=[routed_here])
-    moved = _insert_scheduled(taken)
-    return _head_then(
-        head,
-        moved,
-        moved.c.id,
-        moved.c.run_lease,
-        _representable(moved.c.run_at).label("run_at"),
-        moved.c.attempt,
-    )
+    return _moved(firsts, head, batch=batch, routed_here=[routed_here])
 
 
 # --- the one statement: routing from the locked row, guarded, then the move ----------------
@@ -567,16 +574,7 @@ def move_if_canonical(*, batch: bool) -> Select[Any]:
     firsts = _firsts(batch)
     head = _routed_head(_locked_routing(), firsts, batch)
     routed_here = [~_scalar(head, "queue_storage"), _scalar(head, "guarded")]
-    taken = _take(firsts, head, batch=batch, routed_here=routed_here)
-    moved = _insert_scheduled(taken)
-    return _head_then(
-        head,
-        moved,
-        moved.c.id,
-        moved.c.run_lease,
-        _representable(moved.c.run_at).label("run_at"),
-        moved.c.attempt,
-    )
+    return _moved(firsts, head, batch=batch, routed_here=routed_here)
 
 
 # --- queue-storage branch -----------------------------------------------------------------

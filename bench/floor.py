@@ -77,18 +77,22 @@ def psycopg2_floor(dsn: str, texts: tuple[Compiled, Compiled]) -> tuple[Op, Clos
     return op, conn.close
 
 
-def pg8000_floor(dsn: str, texts: tuple[Compiled, Compiled]) -> tuple[Op, Close]:
+def _pg8000_connect(dsn: str) -> Any:
     import pg8000.dbapi  # noqa: PLC0415 -- an optional driver; its group is skipped without it
 
-    lock, move = texts
     url = make_url(dsn)
-    conn = pg8000.dbapi.connect(
+    return pg8000.dbapi.connect(
         user=url.username,
         password=url.password,
         host=url.host,
         port=url.port,
         database=url.database,
     )
+
+
+def pg8000_floor(dsn: str, texts: tuple[Compiled, Compiled]) -> tuple[Op, Close]:
+    lock, move = texts
+    conn = _pg8000_connect(dsn)
 
     def op(job_id: int, lease: int) -> Any:
         cur = conn.cursor()
@@ -158,12 +162,7 @@ def psycopg2_one_floor(dsn: str, one: Compiled) -> tuple[Op, Close]:
 
 
 def pg8000_one_floor(dsn: str, one: Compiled) -> tuple[Op, Close]:
-    import pg8000.dbapi  # noqa: PLC0415 -- an optional driver; its group is skipped without it
-
-    url = make_url(dsn)
-    conn = pg8000.dbapi.connect(
-        user=url.username, host=url.host, port=url.port, database=url.database
-    )
+    conn = _pg8000_connect(dsn)
     conn.autocommit = True
 
     def op(job_id: int, lease: int) -> Any:

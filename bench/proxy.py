@@ -46,8 +46,9 @@ class Link:
             while data := self.src.recv(_CHUNK):
                 due = time.perf_counter() + self.delay
                 on_data()
-                if due - time.perf_counter() > _SPIN:
-                    time.sleep(due - time.perf_counter() - _SPIN)
+                left = due - time.perf_counter() - _SPIN  # read the clock once: it moves
+                if left > 0:
+                    time.sleep(left)
                 while time.perf_counter() < due:
                     pass
                 self.dst.sendall(data)

@@ -125,7 +125,7 @@ def _added_rtt(port: int, far: int, dbname: str, password: str | None) -> float:
 
 def routing(canon: sa.Engine, qs: sa.Engine, a: Any) -> dict[str, float]:
     """The same Engine-form call routed canonically (Rescheduled) and to awa_qs (Migrated)."""
-    lanes = {"canonical": (canon, Jobs(str(canon.url))), "queue storage": (qs, Jobs(str(qs.url)))}
+    lanes = {"canonical": (canon, Jobs.on(canon)), "queue storage": (qs, Jobs.on(qs))}
     for _, jobs in lanes.values():
         jobs.seed(a.warmup + a.rounds * a.per_round // 2)
     out: dict[str, list[float]] = {name: [] for name in lanes}
@@ -141,7 +141,7 @@ def routing(canon: sa.Engine, qs: sa.Engine, a: Any) -> dict[str, float]:
 
 def batches(engine: sa.Engine, rounds: int) -> dict[int, dict[str, float]]:
     """Attempts per second: one batch call of N against N single calls, per N."""
-    jobs = Jobs(str(engine.url))
+    jobs = Jobs.on(engine)
     jobs.seed(2 * (rounds + 1) * sum(BATCH_SIZES))
     out: dict[int, dict[str, float]] = {}
     for size in BATCH_SIZES:

@@ -68,6 +68,11 @@ class Jobs:
         self.url = url
         self._ids: Iterator[tuple[int, int]] = iter(())
 
+    @classmethod
+    def on(cls, engine: sa.Engine) -> Jobs:
+        """Jobs in *engine*'s database (its URL with the password, which ``str()`` masks)."""
+        return cls(engine.url.render_as_string(hide_password=False))
+
     def seed(self, count: int) -> None:
         engine = sa.create_engine(self.url, poolclass=sa.NullPool)
         with engine.begin() as conn:

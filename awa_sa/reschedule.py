@@ -230,7 +230,7 @@ def reschedule_canonical_attempts(
     (a refusal names the item's index). ``bind`` behaves as for the single call; an empty batch
     returns ``[]`` without touching the database.
 
-    The cost does not grow in statements with the batch: 2 on the canonical path, about 10 in
+    The cost does not grow in statements with the batch: 1 on the canonical path, about 10 in
     queue storage, plus the single-attempt path for each cancelled duplicate. The exception is
     a batch in which two rows share a unique key: the order then matters, so it goes one
     attempt at a time (same outcomes, one move or take per attempt). Large batches rely on

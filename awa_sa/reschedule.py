@@ -390,7 +390,6 @@ class _AtOnce:
 
     outcomes: list[Outcome] | None
     queue_storage: bool = False
-    guarded: bool = True
 
 
 def _at_once(conn: Connection, calls: Sequence[Call], trace: _Trace, *, alone: bool) -> _AtOnce:
@@ -405,7 +404,7 @@ def _at_once(conn: Connection, calls: Sequence[Call], trace: _Trace, *, alone: b
     moved = Moved.read(execute(conn, statements.move_if_canonical(batch=batch), items))
     if moved.queue_storage or not moved.guarded or (moved.shared_key and alone):
         trace.routing = "?"
-        return _AtOnce(None, queue_storage=moved.queue_storage, guarded=moved.guarded)
+        return _AtOnce(None, queue_storage=moved.queue_storage)
     return _AtOnce(_rescheduled(conn, calls, moved))
 
 

@@ -29,7 +29,7 @@ from awa_sa import reschedule
 from awa_sa.drivers import check_dialect
 from awa_sa.errors import ValidationError, translated
 from awa_sa.kinds import Attempt, Kind, Outcome
-from awa_sa.reschedule import Call, prepare, prepare_all, run_all
+from awa_sa.reschedule import Call, prepare, prepare_all, run_all, session_dialect
 
 __all__ = ["reschedule_canonical_attempt", "reschedule_canonical_attempts"]
 
@@ -86,7 +86,7 @@ def _check_bind(bind: object) -> None:
     if isinstance(bind, AsyncEngine | AsyncConnection):
         check_dialect(bind.dialect, is_async=True)
     elif isinstance(bind, AsyncSession):
-        check_dialect(bind.get_bind().dialect, is_async=True)
+        check_dialect(session_dialect(bind.sync_session), is_async=True)
     else:
         raise ValidationError(
             "bind must be a sqlalchemy AsyncEngine, AsyncConnection or AsyncSession, got "

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Dialect, Engine
 from sqlalchemy.exc import UnboundExecutionError
 
 from awa_sa import statements
@@ -174,16 +174,21 @@ def check_bind(bind: object) -> None:
     if isinstance(bind, Engine | Connection):
         check_dialect(bind.dialect, is_async=False)
     elif isinstance(bind, _session_types()):
-        try:
-            check_dialect(bind.get_bind().dialect, is_async=False)
-        except UnboundExecutionError as exc:
-            raise ValidationError(f"the Session has no engine to run on: {exc}") from exc
+        check_dialect(session_dialect(bind), is_async=False)
     else:
         name = type(bind).__name__
         hint = " (use awa_sa.asyncio for it)" if name.startswith("Async") else ""
         raise ValidationError(
             f"bind must be a sqlalchemy Engine, Connection or Session, got {name}{hint}"
         )
+
+
+def session_dialect(session: Session) -> Dialect:
+    """The dialect of the engine a (sync, or an async one's sync) Session runs on."""
+    try:
+        return session.get_bind().dialect
+    except UnboundExecutionError as exc:
+        raise ValidationError(f"the Session has no engine to run on: {exc}") from exc
 
 
 def _session_types() -> tuple[type[Session], ...]:

@@ -140,6 +140,9 @@ async def test_a_bind_of_the_wrong_face_is_pointed_to_the_right_module(
             assert not session.in_transaction()
         with Session() as unbound, pytest.raises(ValidationError, match="has no engine to run on"):
             reschedule_canonical_attempt(unbound, 1, 1, RetryBackoff())
+        async with AsyncSession() as unbound_async:
+            with pytest.raises(ValidationError, match="has no engine to run on"):
+                await awa_async.reschedule_canonical_attempt(unbound_async, 1, 1, RetryBackoff())
     finally:
         await async_engine.dispose()
     with pytest.raises(ValidationError, match=r"Engine, Connection or Session, got str\Z"):

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from pytest_postgresql.janitor import DatabaseJanitor
+from conftest import _janitor
 
 import awa_sa_schema
 from awa_sa.testing.server import EmbeddedPostgres
@@ -507,14 +507,7 @@ def cloned_database(pg: EmbeddedPostgres, template: str) -> Iterator[sa.Engine]:
     checks and tests that roll their transaction back share one copy instead of one each.
     """
     name = f"shared_{uuid.uuid4().hex[:16]}"
-    janitor = DatabaseJanitor(
-        user=pg.user,
-        host=pg.host,
-        port=pg.port,
-        password=pg.password,
-        dbname=name,
-        template_dbname=template,
-    )
+    janitor = _janitor(pg, name, template=template)
     janitor.init()
     engine = sa.create_engine(pg.database_url(name))
     try:

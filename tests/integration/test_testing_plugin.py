@@ -274,9 +274,10 @@ def test_missing_binaries_are_reported_once_per_test(
     monkeypatch.delenv("AWA_SA_PG_BINDIR", raising=False)
     pytester.makeconftest(HIDDEN_BINARIES)
     pytester.makepyfile(test_needs="def test_needs(awa_url):\n    pass\n")
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    # -rN: no short summary, whose line pytest cuts to the terminal's width except where $CI is set.
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rN")
     result.assert_outcomes(errors=1)
-    assert result.stdout.str().count("no PostgreSQL server binaries found") == 1  # summary: cut
+    assert result.stdout.str().count("no PostgreSQL server binaries found") == 1
     assert "During handling" not in result.stdout.str()
 
 

@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import signal
+import sys
 import textwrap
+import threading
+import traceback
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from types import ModuleType
+from types import FrameType, ModuleType
 
 import sqlalchemy as sa
 
@@ -375,11 +379,53 @@ def _fresh_database(server: sa.URL) -> Iterator[sa.Engine]:
         try:
             yield engine
         finally:
-            engine.dispose()
-            with admin.connect() as conn:
-                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            with _uninterrupted():
+                engine.dispose()
+                _release_interrupted_frames()
+                with admin.connect() as conn:
+                    conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         admin.dispose()
+
+
+def _release_interrupted_frames() -> None:
+    """Let go of what the exception being handled, if any, still holds in its frames.
+
+    A Ctrl-C in the middle of a connect leaves that connection's socket referenced only from the
+    traceback, and its server backend waiting for the rest of the password exchange. Such a
+    backend does not answer the barrier DROP DATABASE waits on, so the DROP would hang until the
+    server's authentication_timeout (a minute by default). Clearing the finished frames closes
+    the socket and the backend goes away.
+    """
+    tb = sys.exc_info()[2]
+    if tb is not None:
+        traceback.clear_frames(tb)
+
+
+@contextmanager
+def _uninterrupted() -> Iterator[None]:
+    """Cleanup runs to its end: a Ctrl-C or SIGTERM meanwhile is held and delivered after it.
+
+    Delivered during the DROP it would cancel it and leave the database behind, while the demo
+    says it is gone. When the demo is already unwinding from an interrupt, a second one is
+    dropped (the first already says stop). Only the main thread can take signals over.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        held.append(signum)
+
+    previous = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if held and sys.exc_info()[1] is None:
+        signal.raise_signal(held[0])
 
 
 def _walk(engine: sa.Engine, emit: Emit) -> None:

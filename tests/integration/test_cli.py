@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 from command_line import assert_one_line_error, awa_sa_cmd, printed_blocks
@@ -20,6 +23,7 @@ from conftest import Cluster, database_url
 import awa_sa_schema
 from awa_sa.tables import jobs_hot, scheduled_jobs
 from awa_sa.testing.server import EmbeddedPostgres
+from awa_sa.tools import demo
 
 OUTCOMES = ("Rescheduled", "Migrated", "CancelledDuplicate", "Stale")
 
@@ -74,16 +78,61 @@ def test_demo_interrupted_cleans_up(pg: EmbeddedPostgres) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},
     )
     assert proc.stdout is not None
     for line in proc.stdout:
         if line.startswith("schema:"):  # the demo database exists and is built
             break
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)  # faulthandler prints where every thread is
+        out, err = proc.communicate()
+        pytest.fail(f"the demo hung after SIGINT:\n{out}\n{err}")
     assert proc.returncode in (0, 130)  # 0 only if it finished before the signal landed
     assert "Traceback" not in err
     assert demo_databases(pg) == []
+
+
+def test_demo_drops_its_database_after_a_ctrl_c_in_the_middle_of_a_connect(
+    pg: EmbeddedPostgres,
+) -> None:
+    """The interrupted connect's backend waits for the rest of the password exchange, which
+    holds DROP DATABASE (its barrier) until authentication_timeout: a minute, had the demo kept
+    the socket alive in the traceback."""
+    url = sa.make_url(database_url(pg, "postgres"))
+
+    def interrupted_connect(engine: sa.Engine) -> None:
+        conninfo = engine.url.render_as_string(hide_password=False).replace("+psycopg", "")
+        half_open = psycopg.pq.PGconn.connect_start(conninfo.encode())
+        # Startup sent, the server asks for SCRAM; the client's first message sent, the server
+        # answers: the backend now waits for the client's proof, as a Ctrl-C leaves it.
+        for _ in range(2):
+            while half_open.connect_poll() != psycopg.pq.PollingStatus.READING:
+                pass
+            select.select([half_open.socket], [], [], 10)
+        raise KeyboardInterrupt
+
+    def walk() -> None:
+        with demo._fresh_database(url) as engine:
+            interrupted_connect(engine)
+
+    done: list[BaseException] = []
+    thread = threading.Thread(target=lambda: _catch(walk, done))
+    thread.start()
+    thread.join(timeout=30)  # a hang detector only: the cleanup takes well under a second
+    assert not thread.is_alive(), "DROP DATABASE waited for the half-open connection"
+    assert [type(exc) for exc in done] == [KeyboardInterrupt]
+    assert demo_databases(pg) == []
+
+
+def _catch(fn: Callable[[], None], into: list[BaseException]) -> None:
+    try:
+        fn()
+    except BaseException as exc:  # handed to the test's thread
+        into.append(exc)
 
 
 def test_demo_unreachable_server() -> None:

@@ -76,7 +76,7 @@ def _op(form: str, url: str) -> Callable[[int, int], Any]:
     settings = {"application_name": APP, "options": TRACKED}
     if form == "floor":
         dsn = url.replace("+psycopg", "") + "?" + urlencode(settings, quote_via=quote)
-        return psycopg_floor(dsn, canonical_texts(sa.create_engine(url).dialect))[0]
+        return psycopg_floor(dsn, canonical_texts(sa.create_engine(url).dialect)).op
     engine = sa.create_engine(url, pool_size=1, connect_args=settings)
     return lambda job_id, lease: reschedule_canonical_attempt(engine, job_id, lease, KIND)
 

@@ -2,17 +2,19 @@
 
 The two-statement floor: BEGIN, the lock, the routing move, COMMIT -- four round trips, the
 canonical path before the one statement, in the text awa-sa sends for those statements on that
-driver (:mod:`awa_sa.compiled`). The one-statement floor: the one statement
-(``statements.move_if_canonical``) alone in autocommit, one round trip. Both are prepared where
-the driver prepares (psycopg 3 explicitly, asyncpg always; psycopg2 binds on the client, pg8000
-prepares and drops each statement). What is left between the one-statement floor and awa-sa on
-the same driver is SQLAlchemy and awa-sa, nothing else.
+driver (:mod:`awa_sa.compiled`); inside a transaction the caller has open, its lock and move
+alone (two round trips) are the floor of the Connection forms. The one-statement floor: the one
+statement (``statements.move_if_canonical``) alone in autocommit, one round trip. All are
+prepared where the driver prepares (psycopg 3 explicitly, asyncpg always; psycopg2 binds on the
+client, pg8000 prepares and drops each statement). What is left between the one-statement floor
+and awa-sa on the same driver is SQLAlchemy and awa-sa, nothing else.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -22,6 +24,7 @@ from awa_sa.compiled import Compiled
 from bench.workload import move_values
 
 Op = Callable[[int, int], Any]
+Step = Callable[[], Any]
 Close = Callable[[], None]
 
 
@@ -29,52 +32,93 @@ def blocking(loop: asyncio.AbstractEventLoop, fn: Callable[[int, int], Awaitable
     return lambda job_id, lease: loop.run_until_complete(fn(job_id, lease))
 
 
-def psycopg_floor(dsn: str, texts: tuple[Compiled, Compiled]) -> tuple[Op, Close]:
+def _blocking_step(loop: asyncio.AbstractEventLoop, fn: Callable[[], Awaitable[Any]]) -> Step:
+    return lambda: loop.run_until_complete(fn())
+
+
+def _nothing() -> None:
+    """BEGIN where the driver sends it itself, before the transaction's first statement."""
+
+
+@dataclass(frozen=True, slots=True)
+class Floor:
+    """A driver's two-statement floor, in the parts a caller's transaction has.
+
+    Whole (:meth:`op`) it is BEGIN, the lock, the routing move, COMMIT: four round trips. Inside a
+    transaction the caller has opened and already used (``begin`` then ``work``, untimed), the
+    lock and the move alone are the floor of the Connection forms.
+    """
+
+    begin: Step
+    work: Step  # a statement of the caller's: the transaction is open on the server
+    lock_and_move: Op
+    commit: Step
+    close: Close
+
+    def op(self, job_id: int, lease: int) -> Any:
+        self.begin()
+        out = self.lock_and_move(job_id, lease)
+        self.commit()
+        return out
+
+
+def psycopg_floor(dsn: str, texts: tuple[Compiled, Compiled]) -> Floor:
     lock, move = texts
     conn = psycopg.connect(dsn)
 
-    def op(job_id: int, lease: int) -> Any:
+    def lock_and_move(job_id: int, lease: int) -> Any:
         conn.execute(lock.sql, prepare=True).fetchall()
         rows = conn.execute(move.sql, move.params(move_values(job_id, lease)), prepare=True)
-        out = rows.fetchall()
-        conn.commit()
-        return out
+        return rows.fetchall()
 
-    return op, conn.close
+    def work() -> None:
+        conn.execute("SELECT 1", prepare=True).fetchall()
+
+    return Floor(_nothing, work, lock_and_move, conn.commit, conn.close)
 
 
 def psycopg_async_floor(
     dsn: str, texts: tuple[Compiled, Compiled], loop: asyncio.AbstractEventLoop
-) -> tuple[Op, Close]:
+) -> Floor:
     lock, move = texts
     conn = loop.run_until_complete(psycopg.AsyncConnection.connect(dsn))
 
-    async def op(job_id: int, lease: int) -> Any:
+    async def lock_and_move(job_id: int, lease: int) -> Any:
         await (await conn.execute(lock.sql, prepare=True)).fetchall()
         cur = await conn.execute(move.sql, move.params(move_values(job_id, lease)), prepare=True)
-        out = await cur.fetchall()
-        await conn.commit()
-        return out
+        return await cur.fetchall()
 
-    return blocking(loop, op), lambda: loop.run_until_complete(conn.close())
+    async def work() -> None:
+        await (await conn.execute("SELECT 1", prepare=True)).fetchall()
+
+    return Floor(
+        _nothing,
+        _blocking_step(loop, work),
+        blocking(loop, lock_and_move),
+        _blocking_step(loop, conn.commit),
+        lambda: loop.run_until_complete(conn.close()),
+    )
 
 
-def psycopg2_floor(dsn: str, texts: tuple[Compiled, Compiled]) -> tuple[Op, Close]:
+def psycopg2_floor(dsn: str, texts: tuple[Compiled, Compiled]) -> Floor:
     import psycopg2  # noqa: PLC0415 -- an optional driver; its group is skipped without it
 
     lock, move = texts
     conn = psycopg2.connect(dsn)
 
-    def op(job_id: int, lease: int) -> Any:
+    def lock_and_move(job_id: int, lease: int) -> Any:
         with conn.cursor() as cur:
             cur.execute(lock.sql)
             cur.fetchall()
             cur.execute(move.sql, move.params(move_values(job_id, lease)))
-            out = cur.fetchall()
-        conn.commit()
-        return out
+            return cur.fetchall()
 
-    return op, conn.close
+    def work() -> None:
+        with conn.cursor() as cur:
+            cur.execute("SELECT 1")
+            cur.fetchall()
+
+    return Floor(_nothing, work, lock_and_move, conn.commit, conn.close)
 
 
 def _pg8000_connect(dsn: str) -> Any:
@@ -90,36 +134,55 @@ def _pg8000_connect(dsn: str) -> Any:
     )
 
 
-def pg8000_floor(dsn: str, texts: tuple[Compiled, Compiled]) -> tuple[Op, Close]:
+def pg8000_floor(dsn: str, texts: tuple[Compiled, Compiled]) -> Floor:
     lock, move = texts
     conn = _pg8000_connect(dsn)
 
-    def op(job_id: int, lease: int) -> Any:
+    def lock_and_move(job_id: int, lease: int) -> Any:
         cur = conn.cursor()
         cur.execute(lock.sql)
         cur.fetchall()
         cur.execute(move.sql, move.params(move_values(job_id, lease)))
-        out = cur.fetchall()
-        conn.commit()
-        return out
+        return cur.fetchall()
 
-    return op, conn.close
+    def work() -> None:
+        cur = conn.cursor()
+        cur.execute("SELECT 1")
+        cur.fetchall()
+
+    return Floor(_nothing, work, lock_and_move, conn.commit, conn.close)
 
 
 def asyncpg_floor(
     dsn: str, texts: tuple[Compiled, Compiled], loop: asyncio.AbstractEventLoop
-) -> tuple[Op, Close]:
+) -> Floor:
     import asyncpg  # noqa: PLC0415 -- an optional driver; its group is skipped without it
 
     lock, move = texts
     conn = loop.run_until_complete(asyncpg.connect(dsn))
+    transaction: list[Any] = []
 
-    async def op(job_id: int, lease: int) -> Any:
-        async with conn.transaction():
-            await conn.fetch(lock.sql)
-            return await conn.fetch(move.sql, *move.params(move_values(job_id, lease)))
+    async def begin() -> None:
+        transaction[:] = [conn.transaction()]
+        await transaction[0].start()
 
-    return blocking(loop, op), lambda: loop.run_until_complete(conn.close())
+    async def lock_and_move(job_id: int, lease: int) -> Any:
+        await conn.fetch(lock.sql)
+        return await conn.fetch(move.sql, *move.params(move_values(job_id, lease)))
+
+    async def work() -> None:
+        await conn.fetch("SELECT 1")
+
+    async def commit() -> None:
+        await transaction.pop().commit()
+
+    return Floor(
+        _blocking_step(loop, begin),
+        _blocking_step(loop, work),
+        blocking(loop, lock_and_move),
+        _blocking_step(loop, commit),
+        lambda: loop.run_until_complete(conn.close()),
+    )
 
 
 # -- the one statement, alone in autocommit: one round trip, prepared where the driver prepares

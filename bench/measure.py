@@ -1,5 +1,8 @@
 """Interleaved timing: every variant a few calls per round, round after round.
 
+A variant's untimed steps (the Connection forms' open transaction and its commit) run around
+each call, outside the clock and outside the round-trip count.
+
 Drift on a busy machine (other processes, autovacuum, a warming cache) then lands on every
 variant alike, and medians resist outliers. Besides wall time, each call's CPU time in this
 thread (the client's Python, the driver and its system calls) is kept: the server's share of a
@@ -43,20 +46,33 @@ def interleave(
     warmup: int,
     count: Callable[[], int] | None = None,
 ) -> dict[str, Samples]:
-    """Per-call samples of each variant; *count* (round trips so far) is read around each block."""
+    """Per-call samples of each variant; *count* (round trips so far) is read around each block
+    (around each call where the variant has untimed steps)."""
     jobs.seed(len(variants) * (warmup + rounds * per_round))
     samples = {v.name: Samples() for v in variants}
     for round_ in range(rounds + 1):
         for variant in variants:
             s = samples[variant.name]
-            before = count() if count and round_ else 0
+            counter = count if round_ else None
+            # Where untimed steps run around each call, count round trips per call, between them.
+            per_call = variant.before is not None or variant.after is not None
+            start = counter() if counter and not per_call else 0
             for job_id, lease in jobs.take(warmup if round_ == 0 else per_round):
+                if variant.before:
+                    variant.before()
+                if counter and per_call:
+                    start = counter()
                 wall, cpu = time.perf_counter_ns(), time.thread_time_ns()
                 variant.op(job_id, lease)
                 if round_:
                     s.cpu_us.append((time.thread_time_ns() - cpu) / 1000)
                     s.wall_us.append((time.perf_counter_ns() - wall) / 1000)
-            if count and round_:
-                s.round_trips += count() - before
+                if counter and per_call:
+                    s.round_trips += counter() - start
+                if variant.after:
+                    variant.after()
+            if counter:
+                if not per_call:
+                    s.round_trips += counter() - start
                 s.calls += per_round
     return samples

@@ -1,11 +1,15 @@
 """Every way the bench reschedules one canonical attempt, grouped by driver.
 
-Per driver: the two raw floors (:mod:`bench.floor`: BEGIN/lock/move/COMMIT, and the one
-statement alone in autocommit); SQLAlchemy's minimal path, ``exec_driver_sql`` of the one
-statement's text with its rows read, through an ``Engine`` (or ``AsyncEngine``) made with
-``isolation_level="AUTOCOMMIT"`` and through a held ``Connection`` in a transaction; and awa-sa
-in the same two forms. The SQLAlchemy rows show how much of the gap between awa-sa and the
-one-statement floor is SQLAlchemy's own, and the awa-sa rows what is left ours.
+Per driver: the raw floors (:mod:`bench.floor`: BEGIN/lock/move/COMMIT; its lock and move
+inside an open transaction; the one statement alone in autocommit); SQLAlchemy's minimal path,
+``exec_driver_sql`` of the one statement's text with its rows read, through an ``Engine`` (or
+``AsyncEngine``) made with ``isolation_level="AUTOCOMMIT"`` and through a held ``Connection``;
+and awa-sa in the same two forms. The SQLAlchemy rows show how much of the gap between awa-sa
+and the one-statement floor is SQLAlchemy's own, and the awa-sa rows what is left ours.
+
+The Connection forms are timed as a caller composes them: inside a transaction it has begun and
+already used (``before``, untimed), committed after (``after``, untimed), against the lock and
+move inside such a transaction on the raw driver ("in-transaction floor").
 
 A form awa-sa cannot run on a driver yet is left out and said so (``skipped``), so the bench
 still runs while a driver is being brought up.
@@ -26,7 +30,7 @@ from awa_sa import asyncio as awa_async
 from awa_sa import reschedule_canonical_attempt
 from awa_sa.errors import AwaSAError
 from bench import floor
-from bench.floor import Close, Op, blocking
+from bench.floor import Close, Floor, Op, Step, blocking
 from bench.workload import KIND, Jobs, canonical_texts, move_values, one_statement_text
 
 
@@ -35,7 +39,7 @@ class Driver:
     name: str  # the group and the floor's label
     url_driver: str  # postgresql+<url_driver>://
     is_async: bool
-    floor: Callable[..., tuple[Op, Close]]
+    floor: Callable[..., Floor]
     one_floor: Callable[..., tuple[Op, Close]]
 
 
@@ -55,6 +59,8 @@ class Variant:
     group: str  # the driver; its floor is the variant named "<group> floor"
     form: str  # "floor", "SQLAlchemy Engine", "awa-sa AsyncConnection", ...
     op: Op
+    before: Step | None = None  # untimed, before each call: the caller's open transaction
+    after: Step | None = None  # untimed, after each call: its commit
 
     @property
     def name(self) -> str:
@@ -99,34 +105,37 @@ def _sync_driver(out: Variants, driver: Driver, url: str, dsn: str, jobs: Jobs) 
     one = one_statement_text(engine.dialect)
     held = engine.connect()
     out.closers += [engine.dispose, autocommit.dispose, held.close]
-    floor_op, close_floor = driver.floor(dsn, canonical_texts(engine.dialect))
+    two = driver.floor(dsn, canonical_texts(engine.dialect))
     one_op, close_one = driver.one_floor(dsn, one)
-    out.closers += [close_floor, close_one]
+    out.closers += [two.close, close_one]
+
+    def begin() -> None:
+        held.begin()
+        held.exec_driver_sql("SELECT 1").all()
 
     def sa_engine(job_id: int, lease: int) -> Any:
         with autocommit.connect() as conn:
             return conn.exec_driver_sql(one.sql, one.params(move_values(job_id, lease))).all()
 
     def sa_connection(job_id: int, lease: int) -> Any:
-        with held.begin():
-            return held.exec_driver_sql(one.sql, one.params(move_values(job_id, lease))).all()
+        return held.exec_driver_sql(one.sql, one.params(move_values(job_id, lease))).all()
 
     def awa_engine(job_id: int, lease: int) -> Any:
         return reschedule_canonical_attempt(engine, job_id, lease, KIND)
 
     def awa_connection(job_id: int, lease: int) -> Any:
-        with held.begin():
-            return reschedule_canonical_attempt(held, job_id, lease, KIND)
+        return reschedule_canonical_attempt(held, job_id, lease, KIND)
 
     g = driver.name
     out.items += [
-        Variant(g, "floor", floor_op),
+        Variant(g, "floor", two.op),
+        Variant(g, "in-transaction floor", two.lock_and_move, _open(two), two.commit),
         Variant(g, "one-statement floor", one_op),
         Variant(g, "SQLAlchemy Engine", sa_engine),
-        Variant(g, "SQLAlchemy Connection", sa_connection),
+        Variant(g, "SQLAlchemy Connection", sa_connection, begin, held.commit),
     ]
     _awa(out, Variant(g, "awa-sa Engine", awa_engine), jobs)
-    _awa(out, Variant(g, "awa-sa Connection", awa_connection), jobs)
+    _awa(out, Variant(g, "awa-sa Connection", awa_connection, begin, held.commit), jobs)
 
 
 def _async_driver(
@@ -147,9 +156,19 @@ def _async_driver(
         lambda: loop.run_until_complete(autocommit.dispose()),
         lambda: loop.run_until_complete(held.close()),
     ]
-    floor_op, close_floor = driver.floor(dsn, canonical_texts(engine.dialect), loop)
+    two = driver.floor(dsn, canonical_texts(engine.dialect), loop)
     one_op, close_one = driver.one_floor(dsn, one, loop)
-    out.closers += [close_floor, close_one]
+    out.closers += [two.close, close_one]
+
+    async def begin_async() -> None:
+        await held.begin()
+        (await held.exec_driver_sql("SELECT 1")).all()
+
+    def begin() -> None:
+        loop.run_until_complete(begin_async())
+
+    def commit() -> None:
+        loop.run_until_complete(held.commit())
 
     async def sa_engine(job_id: int, lease: int) -> Any:
         async with autocommit.connect() as conn:
@@ -157,32 +176,46 @@ def _async_driver(
             return (await conn.exec_driver_sql(one.sql, params)).all()
 
     async def sa_connection(job_id: int, lease: int) -> Any:
-        async with held.begin():
-            params = one.params(move_values(job_id, lease))
-            return (await held.exec_driver_sql(one.sql, params)).all()
+        params = one.params(move_values(job_id, lease))
+        return (await held.exec_driver_sql(one.sql, params)).all()
 
     async def awa_engine(job_id: int, lease: int) -> Any:
         return await awa_async.reschedule_canonical_attempt(engine, job_id, lease, KIND)
 
     async def awa_connection(job_id: int, lease: int) -> Any:
-        async with held.begin():
-            return await awa_async.reschedule_canonical_attempt(held, job_id, lease, KIND)
+        return await awa_async.reschedule_canonical_attempt(held, job_id, lease, KIND)
 
     g = driver.name
     out.items += [
-        Variant(g, "floor", floor_op),
+        Variant(g, "floor", two.op),
+        Variant(g, "in-transaction floor", two.lock_and_move, _open(two), two.commit),
         Variant(g, "one-statement floor", one_op),
         Variant(g, "SQLAlchemy AsyncEngine", blocking(loop, sa_engine)),
-        Variant(g, "SQLAlchemy AsyncConnection", blocking(loop, sa_connection)),
+        Variant(g, "SQLAlchemy AsyncConnection", blocking(loop, sa_connection), begin, commit),
     ]
     _awa(out, Variant(g, "awa-sa AsyncEngine", blocking(loop, awa_engine)), jobs)
-    _awa(out, Variant(g, "awa-sa AsyncConnection", blocking(loop, awa_connection)), jobs)
+    connection = Variant(g, "awa-sa AsyncConnection", blocking(loop, awa_connection), begin, commit)
+    _awa(out, connection, jobs)
+
+
+def _open(two: Floor) -> Step:
+    def open_() -> None:
+        two.begin()
+        two.work()
+
+    return open_
 
 
 def _awa(out: Variants, variant: Variant, jobs: Jobs) -> None:
     """Keep *variant* if one call on a live attempt works on its driver; else say why not."""
     try:
-        variant.op(*jobs.take(1)[0])
+        if variant.before:
+            variant.before()
+        try:
+            variant.op(*jobs.take(1)[0])
+        finally:
+            if variant.after:
+                variant.after()
     except AwaSAError as exc:
         out.skipped[variant.name] = str(exc).splitlines()[0][:120]
         return

@@ -209,6 +209,23 @@ def held(engine: sa.Engine, *, lock_timeout_ms: int | None = None) -> Iterator[H
 # Storage transitions, emulated (fixture) and real (awa migrate cluster)
 
 
+def after_it_waits(
+    engine: sa.Engine, transition: Callable[[sa.Connection], None], call: Callable[[], T]
+) -> T:
+    """Hold *transition* uncommitted, start *call*, see it wait for the singleton, commit.
+
+    The waiter is known by the singleton's tuple lock it holds (``row_of``), not by its query
+    text, which the server cuts at 1024 bytes. Returns what *call* returned.
+    """
+    with held(engine) as tx:
+        transition(tx.conn)
+        pending = in_thread(call)
+        waiters = wait_until_blocked(engine, tx.pid, pending=[pending])
+        assert waiters[0].row_of == "awa.storage_transition_state"
+        tx.commit()
+    return pending.result(timeout=DEFAULT_TIMEOUT)
+
+
 class TransitionRefused(RuntimeError):
     """An emulated transition refused for the reason the real function would."""
 

@@ -24,7 +24,12 @@ import pytest
 import sqlalchemy as sa
 from conftest import Cluster
 from jobs import insert_holder, insert_job
-from racing import Transitions, held, in_thread, take_snapshot, transitions_for, wait_until_blocked
+from racing import (
+    Transitions,
+    after_it_waits,
+    take_snapshot,
+    transitions_for,
+)
 from sqlalchemy import event
 from sqlalchemy.dialects.postgresql import psycopg
 from test_batch import NO_NOW, Run, _normal_outcome, tables
@@ -65,19 +70,6 @@ def _function_routed_statement() -> str:
     control, replaced = inline.subn("SELECT awa.active_storage_engine() AS engine", sql, count=1)
     assert replaced == 1
     return control
-
-
-def _waits_for_the_transition(
-    engine: sa.Engine, transition: Callable[[sa.Connection], None], call: Callable[[], Any]
-) -> Any:
-    """Hold *transition* uncommitted, start *call*, see it wait for the singleton, commit."""
-    with held(engine) as tx:
-        transition(tx.conn)
-        pending = in_thread(call)
-        waiters = wait_until_blocked(engine, tx.pid, pending=[pending])
-        assert waiters[0].row_of == "awa.storage_transition_state"
-        tx.commit()
-    return pending.result(timeout=30)
 
 
 def _seed(engine: sa.Engine, count: int = 1) -> list[int]:
@@ -131,14 +123,14 @@ def test_abort_while_it_waits_routes_canonical(cluster: Cluster, caller: str) ->
     call = _callers(engine)[caller]
     # Control 1: Awa 0.6's lock-and-read returns the schema the abort has just deactivated.
     _enter(cluster, moves, "mixed_transition")
-    stale = _waits_for_the_transition(engine, moves.abort, lambda: _scalar(engine, _FUNCTION_READ))
+    stale = after_it_waits(engine, moves.abort, lambda: _scalar(engine, _FUNCTION_READ))
     assert stale == SCHEMA
     # Control 2: our statement with the function call instead of the inline copy: it sees
     # queue storage (stale), and moves nothing although routing is canonical by then.
     _enter(cluster, moves, "mixed_transition")
     (job,) = _seed(engine)
     control = _function_routed_statement()
-    head = _waits_for_the_transition(
+    head = after_it_waits(
         engine,
         moves.abort,
         lambda: _first_row(engine, control, job),
@@ -148,7 +140,7 @@ def test_abort_while_it_waits_routes_canonical(cluster: Cluster, caller: str) ->
     # The one statement: the locked row is the aborted one; the job moves canonically.
     _enter(cluster, moves, "mixed_transition")
     jobs = _seed(engine, 3 if caller == "batch" else 1)
-    outcomes = _waits_for_the_transition(engine, moves.abort, lambda: call(jobs))
+    outcomes = after_it_waits(engine, moves.abort, lambda: call(jobs))
     assert [type(o) for o in outcomes] == [Rescheduled] * len(jobs)
     for job_id, outcome in zip(jobs, outcomes, strict=True):
         assert outcome.job_id == job_id
@@ -167,9 +159,7 @@ def test_enter_mixed_while_it_waits_does_not_move_canonically(
     call = _callers(engine)[caller]
     _enter(cluster, moves, "prepared")
     # Control 1: the function-call read waited for the flip and still says canonical.
-    stale = _waits_for_the_transition(
-        engine, moves.enter_mixed, lambda: _scalar(engine, _FUNCTION_READ)
-    )
+    stale = after_it_waits(engine, moves.enter_mixed, lambda: _scalar(engine, _FUNCTION_READ))
     assert stale is None
     # Control 2: the function-routed statement writes canonically after the flip committed.
     with engine.begin() as conn:
@@ -177,9 +167,7 @@ def test_enter_mixed_while_it_waits_does_not_move_canonically(
         moves.prepare(conn, SCHEMA)
     (job,) = _seed(engine)
     control = _function_routed_statement()
-    head = _waits_for_the_transition(
-        engine, moves.enter_mixed, lambda: _first_row(engine, control, job)
-    )
+    head = after_it_waits(engine, moves.enter_mixed, lambda: _first_row(engine, control, job))
     assert (head.queue_storage, head.id) == (False, job)
     assert _where(engine, job) == ["awa.scheduled_jobs"]
     # The one statement: it locks the flipped row, moves nothing, and the call migrates.
@@ -188,7 +176,7 @@ def test_enter_mixed_while_it_waits_does_not_move_canonically(
         moves.abort(conn)
         moves.prepare(conn, SCHEMA)
     jobs = _seed(engine, 3 if caller == "batch" else 1)
-    outcomes = _waits_for_the_transition(engine, moves.enter_mixed, lambda: call(jobs))
+    outcomes = after_it_waits(engine, moves.enter_mixed, lambda: call(jobs))
     assert [type(o) for o in outcomes] == [Migrated] * len(jobs)
     for job_id, outcome in zip(jobs, outcomes, strict=True):
         assert _where(engine, job_id) == []

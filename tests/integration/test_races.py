@@ -27,6 +27,7 @@ from racing import (
     EmulatedTransitions,
     TransitionRefused,
     Transitions,
+    after_it_waits,
     assert_unchanged,
     held,
     in_thread,
@@ -363,19 +364,6 @@ def _commit(engine: sa.Engine, step: Callable[[sa.Connection], None]) -> None:
         step(conn)
 
 
-def _transition_first(
-    engine: sa.Engine, transition: Callable[[sa.Connection], None], contender: Callable[[], Any]
-) -> Any:
-    """Hold *transition* uncommitted, start *contender*, see it wait on the singleton, commit."""
-    with held(engine) as tx:
-        transition(tx.conn)
-        fut = in_thread(contender)
-        waiters = wait_until_blocked(engine, tx.pid, pending=[fut])
-        assert "storage_transition_state" in waiters[0].query  # waiting for the routing lock
-        tx.commit()
-    return fut.result(timeout=20)
-
-
 def _times_out(engine: sa.Engine, transition: Callable[[sa.Connection], None]) -> None:
     """The transition cannot get the singleton while a reschedule holds it: 55P03."""
     with held(engine, lock_timeout_ms=150) as tx:
@@ -402,7 +390,7 @@ def _abort_first(engine: sa.Engine, moves: Transitions, schema: str) -> None:
         next_id = _next_id(conn, schema)
         qs_before = _qs_rows(conn, schema)
 
-    out = _transition_first(
+    out = after_it_waits(
         engine,
         moves.abort,
         lambda: reschedule_canonical_attempt(engine, job_id, lease, RetryBackoff()),
@@ -456,7 +444,7 @@ def _control_one_statement_read(engine: sa.Engine, moves: Transitions, schema: s
             schema: str | None = conn.execute(read).scalar_one()
         return schema
 
-    assert _transition_first(engine, moves.abort, one_statement) == schema
+    assert after_it_waits(engine, moves.abort, one_statement) == schema
     assert _phase(engine) == ("canonical", None)
 
 
@@ -466,7 +454,7 @@ def _enter_mixed_first(engine: sa.Engine, moves: Transitions, schema: str) -> No
     job_id, lease = _seed(engine, unique_key=key, unique_states="11111000")
     with engine.connect() as conn:
         next_id = _next_id(conn, schema)
-    out = _transition_first(
+    out = after_it_waits(
         engine,
         moves.enter_mixed,
         lambda: reschedule_canonical_attempt(engine, job_id, lease, Snooze(30)),
@@ -545,7 +533,7 @@ def _finalize_first_late_completion(
     then matches nothing and changes nothing.
     """
     before = take_snapshot(engine)
-    out = _transition_first(
+    out = after_it_waits(
         engine,
         moves.finalize,
         lambda: reschedule_canonical_attempt(engine, job_id, lease, RetryAfter(1)),

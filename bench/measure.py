@@ -46,33 +46,26 @@ def interleave(
     warmup: int,
     count: Callable[[], int] | None = None,
 ) -> dict[str, Samples]:
-    """Per-call samples of each variant; *count* (round trips so far) is read around each block
-    (around each call where the variant has untimed steps)."""
+    """Per-call samples of each variant; *count* (round trips so far) is read around each call,
+    between its untimed steps, if it has any."""
     jobs.seed(len(variants) * (warmup + rounds * per_round))
     samples = {v.name: Samples() for v in variants}
     for round_ in range(rounds + 1):
         for variant in variants:
             s = samples[variant.name]
             counter = count if round_ else None
-            # Where untimed steps run around each call, count round trips per call, between them.
-            per_call = variant.before is not None or variant.after is not None
-            start = counter() if counter and not per_call else 0
             for job_id, lease in jobs.take(warmup if round_ == 0 else per_round):
                 if variant.before:
                     variant.before()
-                if counter and per_call:
-                    start = counter()
+                start = counter() if counter else 0
                 wall, cpu = time.perf_counter_ns(), time.thread_time_ns()
                 variant.op(job_id, lease)
                 if round_:
                     s.cpu_us.append((time.thread_time_ns() - cpu) / 1000)
                     s.wall_us.append((time.perf_counter_ns() - wall) / 1000)
-                if counter and per_call:
+                if counter:
                     s.round_trips += counter() - start
+                    s.calls += 1
                 if variant.after:
                     variant.after()
-            if counter:
-                if not per_call:
-                    s.round_trips += counter() - start
-                s.calls += per_round
     return samples

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import psycopg
 from sqlalchemy.engine import make_url
@@ -26,14 +26,17 @@ from bench.workload import move_values
 Op = Callable[[int, int], Any]
 Step = Callable[[], Any]
 Close = Callable[[], None]
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
-def blocking(loop: asyncio.AbstractEventLoop, fn: Callable[[int, int], Awaitable[Any]]) -> Op:
-    return lambda job_id, lease: loop.run_until_complete(fn(job_id, lease))
+def blocking(loop: asyncio.AbstractEventLoop, fn: Callable[_P, Awaitable[_R]]) -> Callable[_P, _R]:
+    """*fn*, called and run to its end on *loop*: an op or a step the interleaving can call."""
 
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        return loop.run_until_complete(fn(*args, **kwargs))
 
-def _blocking_step(loop: asyncio.AbstractEventLoop, fn: Callable[[], Awaitable[Any]]) -> Step:
-    return lambda: loop.run_until_complete(fn())
+    return run
 
 
 def _nothing() -> None:
@@ -93,9 +96,9 @@ def psycopg_async_floor(
 
     return Floor(
         _nothing,
-        _blocking_step(loop, work),
+        blocking(loop, work),
         blocking(loop, lock_and_move),
-        _blocking_step(loop, conn.commit),
+        blocking(loop, conn.commit),
         lambda: loop.run_until_complete(conn.close()),
     )
 
@@ -177,10 +180,10 @@ def asyncpg_floor(
         await transaction.pop().commit()
 
     return Floor(
-        _blocking_step(loop, begin),
-        _blocking_step(loop, work),
+        blocking(loop, begin),
+        blocking(loop, work),
         blocking(loop, lock_and_move),
-        _blocking_step(loop, commit),
+        blocking(loop, commit),
         lambda: loop.run_until_complete(conn.close()),
     )
 

@@ -164,11 +164,7 @@ def _async_driver(
         await held.begin()
         (await held.exec_driver_sql("SELECT 1")).all()
 
-    def begin() -> None:
-        loop.run_until_complete(begin_async())
-
-    def commit() -> None:
-        loop.run_until_complete(held.commit())
+    begin, commit = blocking(loop, begin_async), blocking(loop, held.commit)
 
     async def sa_engine(job_id: int, lease: int) -> Any:
         async with autocommit.connect() as conn:

@@ -9,7 +9,6 @@ import select
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 import sqlalchemy as sa
 from command_line import assert_one_line_error, awa_sa_cmd, printed_blocks
 from conftest import Cluster, database_url
+from racing import in_thread
 
 import awa_sa_schema
 from awa_sa.tables import jobs_hot, scheduled_jobs
@@ -105,7 +105,7 @@ def test_demo_drops_its_database_after_a_ctrl_c_in_the_middle_of_a_connect(
     url = sa.make_url(database_url(pg, "postgres"))
 
     def interrupted_connect(engine: sa.Engine) -> None:
-        conninfo = engine.url.render_as_string(hide_password=False).replace("+psycopg", "")
+        conninfo = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
         half_open = psycopg.pq.PGconn.connect_start(conninfo.encode())
         # Startup sent, the server asks for SCRAM; the client's first message sent, the server
         # answers: the backend now waits for the client's proof, as a Ctrl-C leaves it.
@@ -119,20 +119,13 @@ def test_demo_drops_its_database_after_a_ctrl_c_in_the_middle_of_a_connect(
         with demo._fresh_database(url) as engine:
             interrupted_connect(engine)
 
-    done: list[BaseException] = []
-    thread = threading.Thread(target=lambda: _catch(walk, done))
-    thread.start()
-    thread.join(timeout=30)  # a hang detector only: the cleanup takes well under a second
-    assert not thread.is_alive(), "DROP DATABASE waited for the half-open connection"
-    assert [type(exc) for exc in done] == [KeyboardInterrupt]
+    pending = in_thread(walk)
+    try:  # a hang detector only: the cleanup takes well under a second
+        interrupted = pending.exception(timeout=30)
+    except TimeoutError:
+        pytest.fail("DROP DATABASE waited for the half-open connection")
+    assert type(interrupted) is KeyboardInterrupt
     assert demo_databases(pg) == []
-
-
-def _catch(fn: Callable[[], None], into: list[BaseException]) -> None:
-    try:
-        fn()
-    except BaseException as exc:  # handed to the test's thread
-        into.append(exc)
 
 
 def test_demo_unreachable_server() -> None:

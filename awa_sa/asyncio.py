@@ -23,13 +23,13 @@ except ImportError as exc:
     ) from exc
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
-from sqlalchemy.util import greenlet_spawn
 
-from awa_sa import reschedule
+from awa_sa import forms
+from awa_sa.calls import Call, prepare, prepare_all
 from awa_sa.drivers import check_dialect
 from awa_sa.errors import ValidationError, translated
+from awa_sa.internals import greenlet_spawn
 from awa_sa.kinds import Attempt, Kind, Outcome
-from awa_sa.reschedule import Call, prepare, prepare_all, run_all, session_dialect
 
 __all__ = ["reschedule_canonical_attempt", "reschedule_canonical_attempts"]
 
@@ -86,7 +86,7 @@ def _check_bind(bind: object) -> None:
     if isinstance(bind, AsyncEngine | AsyncConnection):
         check_dialect(bind.dialect, is_async=True)
     elif isinstance(bind, AsyncSession):
-        check_dialect(session_dialect(bind.sync_session), is_async=True)
+        check_dialect(forms.session_dialect(bind.sync_session), is_async=True)
     else:
         raise ValidationError(
             "bind must be a sqlalchemy AsyncEngine, AsyncConnection or AsyncSession, got "
@@ -98,8 +98,8 @@ async def _within(
     bind: AsyncEngine | AsyncConnection | AsyncSession, calls: list[Call]
 ) -> list[Outcome]:
     if isinstance(bind, AsyncEngine):
-        return await greenlet_spawn(reschedule.within, bind.sync_engine, calls)
+        return await greenlet_spawn(forms.within, bind.sync_engine, calls)
     with translated():  # a connection that died under run_sync, or a Session's autobegin
         if isinstance(bind, AsyncSession):
             bind = await bind.connection()
-        return await bind.run_sync(run_all, calls)
+        return await bind.run_sync(forms.in_transaction, calls)

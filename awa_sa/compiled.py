@@ -30,6 +30,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement
 
 from awa_sa.queue_storage import translate_map
+from awa_sa.statements.registry import P, Query, R
 
 Params = Mapping[str, Any] | tuple[Any, ...]
 """What the driver receives: named values, or positional ones in placeholder order."""
@@ -105,3 +106,8 @@ def execute(
     """Run *stmt* on *conn*: its compiled text and *params*, in whatever transaction is open."""
     text = compiled(stmt, conn.dialect, schema)
     return conn.exec_driver_sql(text.sql, text.params(params or {}))
+
+
+def run(conn: Connection, query: Query[P, R], params: P, schema: str | None = None) -> R:
+    """Run *query* with *params* on *conn*, as the statement its parameters call for."""
+    return query.read(execute(conn, query.shape(params), query.binds(params), schema))

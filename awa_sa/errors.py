@@ -27,13 +27,13 @@ aborted by PostgreSQL (a failed canonical statement), and the caller must roll i
 from __future__ import annotations
 
 import re
-import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import sqlalchemy.exc
-from sqlalchemy.engine import Dialect
+
+from awa_sa.internals import while_connecting
 
 UNIQUE_VIOLATION = "23505"
 READ_ONLY = "25006"
@@ -112,9 +112,10 @@ class ReadOnlyTransaction(DatabaseError):
 class NotAnAwaDatabase(DatabaseError):
     """A relation or function of Awa's schema is missing: not an Awa v040 database.
 
-    Recognised from the error of the statement that needed it, the first one of a call (a read,
-    so nothing was written), rather than checked beforehand: a check would cost every call a
-    round trip to catch a mistake made once, when a service is first pointed at a database.
+    Recognised from the error of the statement that needed it, the first one of a call (which
+    fails as a whole, so nothing was written), rather than checked beforehand: a check would
+    cost every call a round trip to catch a mistake made once, when a service is first pointed
+    at a database.
     """
 
     def __init__(self, message: str, sqlstate: str | None = None) -> None:
@@ -148,19 +149,6 @@ def translate_db_error(exc: sqlalchemy.exc.DBAPIError) -> AwaSAError:
     if report.sqlstate in UNDEFINED_OBJECTS and _AWA_OBJECT.search(report.message):
         return NotAnAwaDatabase(report.message, report.sqlstate)
     return DatabaseError(report.message, report.sqlstate)
-
-
-def while_connecting(exc: BaseException) -> bool:
-    """Whether *exc* was raised while a dialect opened a connection (checkout, pre-ping's
-    reconnect), not during a call on an open one.
-
-    SQLAlchemy raises both kinds alike, and drivers reuse their types; only where the error
-    came from tells them apart, so the traceback is read for a dialect's ``connect`` frame.
-    """
-    for frame, _ in traceback.walk_tb(exc.__traceback__):
-        if frame.f_code.co_name == "connect" and isinstance(frame.f_locals.get("self"), Dialect):
-            return True
-    return False
 
 
 _LIBPQ_REFUSAL = re.compile(r"connection to server (?:at|on socket) .*? failed: (?:FATAL:  )?(.*)")

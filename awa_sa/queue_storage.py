@@ -11,7 +11,6 @@ Which names are accepted at all is decided by :func:`translate_map`.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -27,12 +26,9 @@ from sqlalchemy import (
     Text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.sql.compiler import SQLCompiler
-from sqlalchemy.sql.functions import FunctionElement
-from sqlalchemy.types import NullType
 
 from awa_sa.errors import InvalidSchemaName
+from awa_sa.internals import SchemaTranslatedFunction
 from awa_sa.tables import Timestamp, job_state
 
 QS_PLACEHOLDER = "__awa_queue_storage__"
@@ -164,24 +160,9 @@ queue_terminal_count_deltas = Table(
 )
 
 
-class ensure_lane_sequences(FunctionElement[None]):
-    """``S.ensure_lane_sequences(queue, priority, shard)``, with ``S`` schema-translated.
+class ensure_lane_sequences(SchemaTranslatedFunction):
+    """``S.ensure_lane_sequences(queue, priority, shard)``, with ``S`` schema-translated."""
 
-    ``sqlalchemy.func`` cannot put a function under a translated schema; this element can,
-    because the compiler resolves its ``schema`` the way it resolves a table's.
-    """
-
-    type = NullType()
     inherit_cache = True
     name = "ensure_lane_sequences"
     schema = QS_PLACEHOLDER
-    _use_schema_map = True
-
-
-@compiles(ensure_lane_sequences)
-def _compile_ensure_lane_sequences(
-    element: ensure_lane_sequences, compiler: SQLCompiler, **kw: Any
-) -> str:
-    preparer = compiler.preparer
-    schema = preparer.quote_schema(preparer.schema_for_object(element))
-    return f"{schema}.{element.name}({compiler.process(element.clauses, **kw)})"

@@ -22,6 +22,7 @@ from sqlalchemy.engine import Dialect
 import awa_sa_schema
 from awa_sa import RetryAfter, statements
 from awa_sa.compiled import Compiled, compiled
+from awa_sa.statements.attempts import MoveItem, item_binds
 from awa_sa.testing.server import EmbeddedPostgres
 
 KIND = RetryAfter(60.0)
@@ -113,5 +114,4 @@ def move_values(job_id: int, lease: int) -> dict[str, Any]:
 
     ``Compiled.params`` lays them out for the driver (a dict, or a tuple in placeholder order).
     """
-    values = (job_id, lease, "retry_after", 60.0, None, None)
-    return dict(zip(statements.ITEM_PARAMS, values, strict=True))
+    return dict(item_binds([MoveItem(job_id, lease, "retry_after", 60.0, None, None)]))

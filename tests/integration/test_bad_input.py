@@ -28,7 +28,8 @@ from awa_sa import (
     reschedule_canonical_attempt,
     reschedule_canonical_attempts,
 )
-from awa_sa.reschedule import prepare, run_all
+from awa_sa.calls import prepare
+from awa_sa.forms import in_transaction
 
 
 def test_bigint_edges_are_accepted(engine: sa.Engine) -> None:
@@ -176,8 +177,8 @@ def test_run_at_outside_python_range_fails_inside_the_statement(cluster: Any, ph
     before = snapshot_of(cluster.engine)
     for delay in (-1e11, 3e11):  # about 1200 BC, and about year 11500
         call = prepare(job, 1, Snooze(1), None, None)
-        call = dataclasses.replace(call, params={**call.params, "b_delay": delay})
+        call = dataclasses.replace(call, item=call.item._replace(delay=delay))
         with cluster.engine.begin() as conn, pytest.raises(DatabaseError) as info:
-            run_all(conn, [call])
+            in_transaction(conn, [call])
         assert info.value.sqlstate == "22008"
     assert snapshot_of(cluster.engine) == before

@@ -15,8 +15,9 @@ from jobs import insert_job
 
 import awa_sa_schema
 from awa_sa import compiled, queue_storage, statements
+from awa_sa.calls import prepare
 from awa_sa.kinds import RetryAfter, Snooze
-from awa_sa.reschedule import prepare
+from awa_sa.statements.attempts import item_binds
 from awa_sa.tools import listing
 
 
@@ -76,9 +77,7 @@ def test_rows_and_types_match_core_execution(engine: sa.Engine, batch: bool) -> 
         ]
     kinds = (Snooze(3), RetryAfter(4))
     calls = [prepare(j, 1, kind, {"x": 1}, [2]) for j, kind in zip(jobs, kinds, strict=False)]
-    items = dict(calls[0].params)
-    if batch:
-        items = {name: [call.params[name] for call in calls] for name in items}
+    items = dict(item_binds([call.item for call in calls]))
     with engine.begin() as conn:
         core, text = _both_ways(conn, statements.take_and_allocate(batch=batch), items, "awa_qs")
         _same(core, text, "job_id")  # each run consumed its own nextval

@@ -5,10 +5,10 @@
   controls that call the STABLE function read the pre-wait snapshot, so the rig can tell a
   stale routing read from a fresh one: Awa 0.6's one-statement lock-and-read, and the very
   statement we send with its inline routing replaced by a call to the function.
-* The rows it writes are today's (the lock, then the routing move), for every kind and job
-  shape, in the canonical and prepared phases, single calls and a batch.
+* The rows it writes are the two-statement path's (the lock, then the routing move), for
+  every kind and job shape, in the canonical and prepared phases, single calls and a batch.
 * The guard: after ``CREATE OR REPLACE`` of either routing function the statement moves nothing
-  and the call takes today's path, which asks the installed function.
+  and the call takes the two-statement path, which asks the installed function.
 * A unique conflict in autocommit, and REPEATABLE READ's serialization failure.
 
 Killing the backend before and after the statement is in test_faults.py and test_drivers.py.
@@ -46,11 +46,13 @@ from awa_sa import (
     Snooze,
     Stale,
     UniqueConflict,
-    reschedule,
+    forms,
     reschedule_canonical_attempt,
     reschedule_canonical_attempts,
     statements,
 )
+from awa_sa import flow as awa_flow
+from awa_sa.calls import prepare_all
 from awa_sa.compiled import compile_statement
 
 SCHEMA = "awa_qs"
@@ -201,7 +203,7 @@ def _first_row(engine: sa.Engine, sql: str, job: int) -> Any:
         return conn.exec_driver_sql(sql, params).all()[0]
 
 
-# -- rows identical to today's path ---------------------------------------------------------
+# -- rows identical to the two-statement path's ---------------------------------------------
 
 KINDS: list[Kind] = [Snooze(30), RetryAfter(45.5), RetryBackoff()]
 SHAPES: dict[str, dict[str, Any]] = {
@@ -235,14 +237,13 @@ def _shapes(conn: sa.Connection) -> list[Attempt]:
 
 def _apply(engine: sa.Engine, items: list[Attempt], *, at_once: bool, batch: bool) -> Run:
     """Apply *items* in one transaction of the Connection form, by either path."""
-    calls = reschedule.prepare_all(items)
+    calls = prepare_all(items)
+    # The Connection form, or the two-statement path it goes on with (the lock, then routing).
+    flow = forms.in_transaction if at_once else awa_flow.go_on
     try:
         with engine.begin() as conn:
             now = conn.execute(sa.text("SELECT now()")).scalar_one()
-            if batch:
-                outcomes = reschedule.run_all(conn, calls, at_once=at_once)
-            else:
-                outcomes = [reschedule.run_all(conn, [c], at_once=at_once)[0] for c in calls]
+            outcomes = flow(conn, calls) if batch else [flow(conn, [c])[0] for c in calls]
         normal: list[Any] | None = [_normal_outcome(o, now) for o in outcomes]
         error = None
     except AwaSAError as exc:
@@ -252,7 +253,7 @@ def _apply(engine: sa.Engine, items: list[Attempt], *, at_once: bool, batch: boo
 
 
 @pytest.mark.parametrize("phase", ["canonical", "prepared"])
-def test_rows_are_todays_for_every_kind_and_shape(
+def test_rows_are_the_two_statement_paths_for_every_kind_and_shape(
     cluster: Cluster, clone_database: Callable[[str], str], phase: str
 ) -> None:
     cluster.set_phase(phase, SCHEMA)
@@ -269,16 +270,16 @@ def test_rows_are_todays_for_every_kind_and_shape(
             sent.append(args[2])
 
     event.listen(cluster.engine, "before_cursor_execute", library)
-    for batch, (ours, todays) in ((False, (cluster.engine, clones[0])), (True, clones[1:])):
+    for batch, (ours, theirs) in ((False, (cluster.engine, clones[0])), (True, clones[1:])):
         sent.clear()
         one = _apply(ours, items, at_once=True, batch=batch)
         if ours is cluster.engine:
             assert all("to_regprocedure(" in sql for sql in sent)  # the one statement only
             assert len(sent) == len(items)
-        today = _apply(todays, items, at_once=False, batch=batch)
-        assert one.error is today.error is None
-        assert one.outcomes == today.outcomes
-        assert one.tables == today.tables
+        two = _apply(theirs, items, at_once=False, batch=batch)
+        assert one.error is two.error is None
+        assert one.outcomes == two.outcomes
+        assert one.tables == two.tables
         assert one.outcomes is not None
         kinds = [o if isinstance(o, str) else o[0] for o in one.outcomes]
         assert kinds.count("Stale") == len(KINDS)

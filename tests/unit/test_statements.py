@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy.dialects.postgresql import psycopg
 
 from awa_sa import queue_storage, statements
+from awa_sa.statements.migration import Successor
 from awa_sa.tables import CALLBACK_COLUMNS, scheduled_jobs
 
 DIALECT = psycopg.dialect()
@@ -195,3 +196,8 @@ def test_cancelled_row_and_delta_in_one_statement() -> None:
     assert "INSERT INTO awa_qs.done_entries" in sql
     assert "INSERT INTO awa_qs.queue_terminal_count_deltas" in sql
     assert "CAST('cancelled' AS awa.job_state)" in sql
+
+
+def test_a_successor_is_a_deferred_row_field_for_column() -> None:
+    """``Successor`` is read from the take by field name and bound to the insert the same way."""
+    assert Successor._fields == tuple(c.name for c in queue_storage.deferred_jobs.c)

@@ -1,0 +1,118 @@
+"""Every input checked before anything reaches the database (docs/contract.md#validation).
+
+A refusal here is a :class:`~awa_sa.errors.ValidationError` raised before a connection is even
+checked out, so bad input can never leave a job half changed. What passes becomes a
+:class:`Call`: the kind as the caller gave it, and the typed parameters of the statements.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from awa_sa.errors import ValidationError
+from awa_sa.kinds import Attempt, Kind, RetryAfter, RetryBackoff, Snooze, check_delay
+from awa_sa.statements.attempts import KindTag, MoveItem
+
+_BIGINT_MIN, _BIGINT_MAX = -(2**63), 2**63 - 1
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+"""``\\u0000`` as an escape in JSON text, not a literal backslash followed by ``u0000``."""
+_DAY = 86_400.0
+# psycopg must be able to hand run_at back as a Python datetime; a day of slack covers any
+# difference between our clock and the database's.
+_RUN_AT_MIN = datetime(1, 1, 1, tzinfo=UTC).timestamp() + _DAY
+_RUN_AT_MAX = datetime(9999, 12, 31, tzinfo=UTC).timestamp() - _DAY
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One validated request: the kind asked for and the statements' parameters."""
+
+    kind: Kind
+    item: MoveItem
+
+    @property
+    def job_id(self) -> int:
+        return self.item.job_id
+
+
+def prepare(
+    job_id: object, run_lease: object, kind: object, error: object, progress: object
+) -> Call:
+    """One attempt's arguments as a :class:`Call`, or the reason they can never succeed."""
+    job_id = _bigint("job_id", job_id)
+    run_lease = _bigint("run_lease", run_lease)
+    delay: float | None = None
+    tag: KindTag
+    if isinstance(kind, Snooze | RetryAfter):
+        check_delay(kind.delay_secs)
+        delay = float(kind.delay_secs)
+        now = time.time()
+        if not _RUN_AT_MIN - now <= delay <= _RUN_AT_MAX - now:
+            raise ValidationError(
+                f"delay_secs={kind.delay_secs!r} puts run_at outside years 1..9999"
+            )
+        tag = "snooze" if isinstance(kind, Snooze) else "retry_after"
+    elif isinstance(kind, RetryBackoff):
+        tag = "retry_backoff"
+    else:
+        raise ValidationError(f"kind must be Snooze, RetryAfter or RetryBackoff, got {kind!r}")
+    item = MoveItem(
+        job_id,
+        run_lease,
+        tag,
+        delay,
+        _json_text("error", error),
+        _json_text("progress", progress),
+    )
+    return Call(kind, item)
+
+
+def prepare_all(attempts: object) -> list[Call]:
+    """Validate a whole batch before any statement; a refusal names the item's index."""
+    if isinstance(attempts, str | bytes | Mapping) or not isinstance(attempts, Iterable):
+        raise ValidationError(
+            f"attempts must be an iterable of Attempt, got {type(attempts).__name__}"
+        )
+    calls = []
+    for index, item in enumerate(attempts):
+        if not isinstance(item, Attempt):
+            raise ValidationError(
+                f"attempts[{index}] must be an Attempt, got {type(item).__name__}"
+            )
+        try:
+            calls.append(prepare(item.job_id, item.run_lease, item.kind, item.error, item.progress))
+        except ValidationError as exc:
+            raise ValidationError(f"attempts[{index}]: {exc}") from exc
+    return calls
+
+
+def _bigint(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError(f"{name} must be an int, got {type(value).__name__}")
+    if not _BIGINT_MIN <= value <= _BIGINT_MAX:
+        raise ValidationError(f"{name}={value} is outside the bigint range")
+    return value
+
+
+def _json_text(name: str, value: object) -> str | None:
+    """*value* as JSON text for a jsonb cast; jsonb's own refusals are caught here, early."""
+    if value is None:
+        return None
+    try:
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+        text.encode("utf-8")  # lone surrogates
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ValidationError(f"{name} is not JSON-serialisable: {exc}") from exc
+    if _NUL_ESCAPE.search(text):
+        raise ValidationError(f"{name} contains U+0000, which jsonb cannot store")
+    return text
+
+
+def items(calls: Sequence[Call]) -> list[MoveItem]:
+    """The statements' parameters of *calls*, in order."""
+    return [call.item for call in calls]

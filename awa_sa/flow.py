@@ -1,0 +1,172 @@
+"""Steps 2 to 5 of a call (docs/architecture.md#flow), one function per step.
+
+Each step returns what it settled, with the routing it settled on, or why the call must go on
+(:class:`~awa_sa.statements.canonical.GoOn`); the ladder below reads that and takes the next
+step. The routing is known where each statement runs, so a failure is logged with it there and
+a success with the routing its step returned: one ``DEBUG`` record per attempt on the
+``awa_sa`` logger.
+
+Statements per path, for a batch of any size:
+
+* canonical: the one statement (docs/contract.md#one-statement): the routing lock, routing
+  from the locked row, a guard on the routing functions' bodies, and the move;
+* queue storage: the one statement (it moves nothing), the routing read under the lock it took
+  (the Engine form: in a new transaction, the lock and the read, one statement more), then the
+  queue-storage branch (:mod:`awa_sa.migrate`);
+* routing functions not the known ones: the one statement, then the lock and the routing read
+  as before it existed (the two-statement path).
+
+Two rows of one batch that share a unique key make the order of claim releases and
+acquisitions matter (one by one, a row that still holds the key while running blocks an
+earlier item that claims it; set-wise, every release would come first), which set-wise
+statements cannot reproduce. The move or take then touches nothing and says so, and the batch
+goes one attempt at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from sqlalchemy import Connection
+
+from awa_sa import migrate, moves
+from awa_sa.calls import Call, items
+from awa_sa.compiled import run
+from awa_sa.errors import ValidationError, translated
+from awa_sa.internals import in_autocommit
+from awa_sa.kinds import Outcome
+from awa_sa.queue_storage import translate_map
+from awa_sa.statements.canonical import MOVE_IF_CANONICAL, ROUTED_MOVE, ROUTING_LOCK, GoOn
+
+log = logging.getLogger("awa_sa")
+
+CANONICAL = "canonical"
+NO_SINGLETON = "canonical (no transition singleton)"
+UNDECIDED = "?"
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """The outcomes of a step, and the routing it settled them on."""
+
+    outcomes: list[Outcome]
+    routing: str
+
+
+def settle(conn: Connection, calls: Sequence[Call]) -> list[Outcome]:
+    """Inside the transaction *conn* has: the one statement, then what it says to go on with."""
+    with _failing(calls, UNDECIDED):
+        if in_autocommit(conn):
+            # Each statement would commit alone: the routing lock would be gone before the
+            # write, and the savepoints would protect nothing.
+            raise ValidationError("bind is in AUTOCOMMIT mode; the reschedule needs a transaction")
+    first = one_statement(conn, calls)
+    return _logged(calls, first if isinstance(first, Settled) else _go_on(conn, calls, first))
+
+
+def alone(conn: Connection, calls: Sequence[Call]) -> list[Outcome] | GoOn:
+    """The one statement committed by itself (the Engine form's first try), or why to go on.
+
+    Alone, its lock ends with it, so every reason to go on -- a shared key too -- needs a
+    transaction of its own: :func:`go_on`.
+    """
+    first = one_statement(conn, calls)
+    return first if isinstance(first, GoOn) else _logged(calls, first)
+
+
+def go_on(conn: Connection, calls: Sequence[Call]) -> list[Outcome]:
+    """In a new transaction, after :func:`alone` gave a reason to go on: lock, then route."""
+    return _logged(calls, _locked_then_routed(conn, calls))
+
+
+def one_statement(conn: Connection, calls: Sequence[Call]) -> Settled | GoOn:
+    """Step 2: lock, route, guard and move (docs/contract.md#one-statement)."""
+    with _failing(calls, CANONICAL):  # the only route on which it writes, and so can fail
+        moved = run(conn, MOVE_IF_CANONICAL, items(calls))
+    if moved.go_on is not None:
+        return moved.go_on
+    return Settled(moves.outcomes(conn, calls, moved), CANONICAL)
+
+
+def _go_on(conn: Connection, calls: Sequence[Call], reason: GoOn) -> Settled:
+    """Step 3, in the transaction of the one statement, which holds the singleton's lock."""
+    if reason is GoOn.SHARED_KEY:
+        # Routing was canonical under the lock, and the lock keeps it so.
+        with _failing(calls, CANONICAL):
+            return Settled(moves.one_by_one(conn, calls), CANONICAL)
+    if reason is GoOn.QUEUE_STORAGE:
+        return _routed(conn, calls)  # locked already: read routing afresh
+    return _locked_then_routed(conn, calls)
+
+
+def _locked_then_routed(conn: Connection, calls: Sequence[Call]) -> Settled:
+    """Step 3 on the two-statement path: lock the singleton, then step 4."""
+    with _failing(calls, UNDECIDED):
+        singleton = run(conn, ROUTING_LOCK, None)
+    if not singleton:
+        with _failing(calls, NO_SINGLETON):
+            return Settled(moves.canonical(conn, calls), NO_SINGLETON)
+    return _routed(conn, calls)
+
+
+def _routed(conn: Connection, calls: Sequence[Call]) -> Settled:
+    """Step 4, the singleton locked: routing read by the installed function, moved if NULL."""
+    with _failing(calls, CANONICAL):
+        moved = run(conn, ROUTED_MOVE, items(calls))
+        schema = moved.routing_schema
+        if schema is None:
+            return Settled(moves.outcomes(conn, calls, moved), CANONICAL)
+    return _queue_storage(conn, calls, schema)
+
+
+def _queue_storage(conn: Connection, calls: Sequence[Call], schema: str) -> Settled:
+    """Step 5: the branch into *schema*, under a savepoint.
+
+    The schema name is checked before any write, so a bad one changes nothing; the savepoint
+    makes "an error after the take loses nothing" hold for a caller's connection too: the take
+    is undone and the caller's transaction stays usable.
+    """
+    with _failing(calls, schema):
+        translate_map(schema)
+        with conn.begin_nested():
+            return Settled(migrate.migrated(conn, calls, schema), schema)
+
+
+@contextmanager
+def _failing(calls: Sequence[Call], routing: str) -> Iterator[None]:
+    """The block's errors translated, and each attempt's failure logged under *routing*."""
+    try:
+        with translated():
+            yield
+    except Exception as exc:
+        if log.isEnabledFor(logging.DEBUG):
+            for call in calls:
+                _log(call, routing, f"error {type(exc).__name__}")
+        raise
+
+
+def _logged(calls: Sequence[Call], settled: Settled) -> list[Outcome]:
+    if log.isEnabledFor(logging.DEBUG):
+        for call, outcome in zip(calls, settled.outcomes, strict=True):
+            _log(call, settled.routing, type(outcome).__name__)
+    return settled.outcomes
+
+
+def _log(call: Call, routing: str, outcome: str) -> None:
+    kind = type(call.kind).__name__
+    log.debug(
+        "reschedule job_id=%d kind=%s routing=%s outcome=%s",
+        call.job_id,
+        kind,
+        routing,
+        outcome,
+        extra={
+            "awa_job_id": call.job_id,
+            "awa_kind": kind,
+            "awa_routing": routing,
+            "awa_outcome": outcome,
+        },
+    )

@@ -1,0 +1,55 @@
+"""Pure statement builders: each returns one Core statement and does no I/O.
+
+One module per part of the flow, each statement beside its typed parameters and rows:
+:mod:`~awa_sa.statements.canonical` (the one statement, the routing lock and the move),
+:mod:`~awa_sa.statements.migration` (the queue-storage take, deferred rows and claims) and
+:mod:`~awa_sa.statements.duplicate` (the cancelled duplicate). They share the attempts as rows
+(:mod:`~awa_sa.statements.attempts`) and a few SQL pieces (:mod:`~awa_sa.statements.sql`).
+
+Every builder is memoised and registered (:mod:`~awa_sa.statements.registry`), so one
+statement object per shape exists for the life of the process and :func:`all_builders` -- what
+``awa-sa sql`` lists and the tests compile -- cannot miss one. Values travel only as bind
+parameters, and the queue-storage schema only through ``schema_translate_map`` (see
+:mod:`awa_sa.queue_storage`). Builders take keyword arguments only.
+
+Bind names carry a prefix (``guard_``, ``b_``) because SQLAlchemy reserves a column's own name for
+its VALUES/SET parameter in ``insert()``/``update()``.
+"""
+
+from awa_sa.statements.canonical import (
+    ROUTING_BODY_MD5,
+    canonical_move,
+    move_if_canonical,
+    routing_lock,
+)
+from awa_sa.statements.duplicate import (
+    LIFECYCLE_DUPLICATE,
+    clock,
+    ensure_lane_head,
+    ensure_lane_row,
+    ensure_lane_sequences,
+    insert_cancelled,
+    lane_lock,
+    ring_cursor,
+)
+from awa_sa.statements.migration import claim_unique_keys, insert_deferred, take_and_allocate
+from awa_sa.statements.registry import all_builders
+
+__all__ = [
+    "LIFECYCLE_DUPLICATE",
+    "ROUTING_BODY_MD5",
+    "all_builders",
+    "canonical_move",
+    "claim_unique_keys",
+    "clock",
+    "ensure_lane_head",
+    "ensure_lane_row",
+    "ensure_lane_sequences",
+    "insert_cancelled",
+    "insert_deferred",
+    "lane_lock",
+    "move_if_canonical",
+    "ring_cursor",
+    "routing_lock",
+    "take_and_allocate",
+]

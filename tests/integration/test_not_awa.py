@@ -1,8 +1,9 @@
 """A database Awa never built gives awa-sa's own error, on every driver and form.
 
-The first statement of a call reads Awa's transition singleton; on a database without Awa's
-schema it fails, and that failure is reported as ``NotAnAwaDatabase`` rather than the driver's
-"relation does not exist". No statement is added to find out: the happy path pays nothing.
+The first statement of a call (the one statement, which locks Awa's transition singleton and
+moves the job) fails as a whole on a database without Awa's schema, and that failure is
+reported as ``NotAnAwaDatabase`` rather than the driver's "relation does not exist". No
+statement is added to find out: the happy path pays nothing.
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ another, and one savepoint around the whole branch.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,12 +21,14 @@ from recording import recording, step
 
 import awa_sa_schema
 from awa_sa import (
+    Attempt,
     CancelledDuplicate,
     Migrated,
     Rescheduled,
     Snooze,
     Stale,
     reschedule_canonical_attempt,
+    reschedule_canonical_attempts,
 )
 
 
@@ -97,3 +101,40 @@ def test_queue_storage_paths(engine: sa.Engine, sent: list[str]) -> None:
         "cancelled+delta",  # last resort: no savepoint
         "release",
     ]
+
+
+def _counts_in_contract() -> dict[str, tuple[int, int]]:
+    """docs/contract.md's statement counts: path -> (Connection form, Engine form)."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "contract.md").read_text()
+    table = text.split('<a id="statement-counts"></a>', 1)[1].split("\n\n", 2)[1]
+    rows = re.findall(r"^\| ([a-z][^|]*?) \| (\d+) \| (\d+) \|$", table, flags=re.MULTILINE)
+    return {path: (int(conn), int(engine)) for path, conn, engine in rows}
+
+
+def test_statement_counts_are_the_contracts(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        awa_sa_schema.set_phase(conn, "mixed_transition", "awa_qs")
+        plain = [insert_job(conn) for _ in range(6)]
+        keyed = [
+            insert_job(conn, unique_key=b"n%d" % i, unique_states="11111000") for i in range(6)
+        ]
+        awa_sa_schema.set_phase(conn, "canonical", "awa_qs")
+        canonical = [insert_job(conn) for _ in range(6)]
+
+    def counted(bind: Any, jobs: list[int]) -> int:
+        with recording(engine, step, events=()) as seen:
+            outcomes = reschedule_canonical_attempts(bind, [Attempt(j, 1, Snooze(1)) for j in jobs])
+        assert Stale() not in outcomes
+        return len(seen)
+
+    def both(jobs: list[int]) -> tuple[int, int]:
+        with engine.begin() as conn:
+            in_transaction = counted(conn, jobs[:3])
+        return in_transaction, counted(engine, jobs[3:])
+
+    measured = {"canonical": both(canonical)}
+    with engine.begin() as conn:
+        awa_sa_schema.set_phase(conn, "mixed_transition", "awa_qs")
+    measured["queue storage, no successor claims a key"] = both(plain)
+    measured["queue storage, successors claim keys"] = both(keyed)
+    assert measured == _counts_in_contract()

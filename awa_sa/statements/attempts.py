@@ -27,6 +27,7 @@ from sqlalchemy import (
     false,
     func,
     literal_column,
+    or_,
     select,
     true,
 )
@@ -51,9 +52,25 @@ class MoveItem(NamedTuple):
     """JSON text of the error entry to append, or None."""
     progress: str | None
     """JSON text of the new progress, or None to clear it."""
+    kind: str | None = None
+    """The job's kind as its claim knew it, checked by the guard; None checks nothing."""
+    queue: str | None = None
+    """The job's queue, checked likewise."""
+    attempt: int | None = None
+    """The claim's attempt number, checked likewise."""
 
 
-_ITEM_BINDS = ("guard_id", "guard_lease", "b_tag", "b_delay", "b_error", "b_progress")
+_ITEM_BINDS = (
+    "guard_id",
+    "guard_lease",
+    "b_tag",
+    "b_delay",
+    "b_error",
+    "b_progress",
+    "guard_kind",
+    "guard_queue",
+    "guard_attempt",
+)
 """The bind names of :class:`MoveItem`'s fields, in unnest order."""
 
 
@@ -63,14 +80,16 @@ def item_binds(items: Sequence[MoveItem]) -> Mapping[str, Any]:
 
 
 def attempt_rows(batch: bool) -> CTE:
-    """The attempts as rows ``(job_id, lease, tag, delay, error, new_progress, ord)``.
+    """The attempts as rows ``(job_id, lease, tag, delay, error, new_progress, want_kind,
+    want_queue, want_attempt, ord)``.
 
     Only the first item of each ``(job_id, lease)`` survives: one by one, a repeat finds the
     row already gone and is Stale, and at most one lease can match a row. ``new_progress``
     would clash with the row's own ``progress`` in ``RETURNING``.
     """
     names = ("job_id", "lease", "tag", "delay", "error", "new_progress")
-    types = (BigInteger, BigInteger, Text, Double, Text, Text)
+    names += ("want_kind", "want_queue", "want_attempt")
+    types = (BigInteger, BigInteger, Text, Double, Text, Text, Text, Text, SmallInteger)
     fields = list(zip(_ITEM_BINDS, names, types, strict=True))
     items = bound_rows("item", fields, batch, ordinality=True)
     if not batch:
@@ -80,11 +99,20 @@ def attempt_rows(batch: bool) -> CTE:
 
 
 def guard(row: Any, firsts: CTE) -> list[ColumnElement[bool]]:
+    """The running attempt ``(id, run_lease)``, and the identity the caller gave, if any.
+
+    A caller that names the attempt it read (``awa_sa.settle``) has its kind, queue and
+    attempt checked in the same statement: a row that no longer is that attempt is Stale.
+    """
     return [
         row.c.id == firsts.c.job_id,
         row.c.state == literal_column("'running'"),
         row.c.run_lease == firsts.c.lease,
+        *(or_(firsts.c[want].is_(None), row.c[name] == firsts.c[want]) for name, want in _IDENTITY),
     ]
+
+
+_IDENTITY = (("kind", "want_kind"), ("queue", "want_queue"), ("attempt", "want_attempt"))
 
 
 def shared_key(firsts: CTE, batch: bool) -> ColumnElement[bool]:

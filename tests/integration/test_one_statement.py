@@ -54,6 +54,7 @@ from awa_sa import (
 from awa_sa import flow as awa_flow
 from awa_sa.calls import prepare_all
 from awa_sa.compiled import compile_statement
+from awa_sa.statements.attempts import MoveItem, item_binds
 
 SCHEMA = "awa_qs"
 
@@ -191,16 +192,9 @@ def _scalar(engine: sa.Engine, stmt: sa.TextClause) -> Any:
 
 
 def _first_row(engine: sa.Engine, sql: str, job: int) -> Any:
-    params = {
-        "guard_id": job,
-        "guard_lease": 2,
-        "b_tag": "snooze",
-        "b_delay": 30.0,
-        "b_error": None,
-        "b_progress": None,
-    }
+    params = item_binds([MoveItem(job, 2, "snooze", 30.0, None, None)])
     with engine.begin() as conn:
-        return conn.exec_driver_sql(sql, params).all()[0]
+        return conn.exec_driver_sql(sql, dict(params)).all()[0]
 
 
 # -- rows identical to the two-statement path's ---------------------------------------------

@@ -145,7 +145,8 @@ def test_moving_statements_take_a_batch_as_arrays(builder: Batched) -> None:
     """One row per attempt, its position kept, the first of each (job_id, lease) winning."""
     sql = _compile(builder(batch=True), "awa_qs")
     assert "unnest(%(guard_id)s::BIGINT[], %(guard_lease)s::BIGINT[], %(b_tag)s::TEXT[]" in sql
-    assert "WITH ORDINALITY AS item(job_id, lease, tag, delay, error, new_progress, ord)" in sql
+    columns = "job_id, lease, tag, delay, error, new_progress, want_kind, want_queue, want_attempt"
+    assert f"WITH ORDINALITY AS item({columns}, ord)" in sql
     assert "SELECT DISTINCT ON (item.job_id, item.lease)" in sql
     assert "ORDER BY item.job_id, item.lease, item.ord" in sql
     assert "GROUP BY candidate.unique_key" in sql  # the shared-key check
@@ -153,6 +154,13 @@ def test_moving_statements_take_a_batch_as_arrays(builder: Batched) -> None:
     assert "unnest" not in single
     assert "CAST(%(guard_id)s::BIGINT AS BIGINT) AS job_id" in single
     assert "false AS shared_key" in single
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_the_guard_checks_a_named_identity_and_nothing_else(batch: bool) -> None:
+    sql = _compile(statements.move_if_canonical(batch=batch))
+    for name in ("kind", "queue", "attempt"):
+        assert f"(firsts.want_{name} IS NULL OR awa.jobs_hot.{name} = firsts.want_{name})" in sql
 
 
 def test_scheduled_insert_lists_all_27_columns() -> None:

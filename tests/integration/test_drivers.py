@@ -45,7 +45,7 @@ from jobs import (
     snapshot,
 )
 from racing import fingerprint, held, in_thread, wait_for, wait_until_blocked
-from recording import recording
+from recording import Sent, recording
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
@@ -712,14 +712,12 @@ class _Killer:
     seen: int = 0
     killed: bool = False
 
-    def before(self, conn: sa.Connection, *args: Any) -> None:
-        if self.when == "before" and self.seen == self.at:
-            self.kill(conn)
-        self.seen += 1
-
-    def after(self, conn: sa.Connection, *args: Any) -> None:
-        if self.when == "after" and self.seen - 1 == self.at:
-            self.kill(conn)
+    def act(self, sent: Sent) -> None:
+        """The recorder's hook: counts statements as they start, kills at the one asked for."""
+        if sent.when == "before":
+            self.seen += 1
+        if sent.when == self.when and self.seen - 1 == self.at:
+            self.kill(sent.conn)
 
     def kill(self, conn: sa.Connection) -> None:
         pid = conn.info["pid"]
@@ -739,13 +737,8 @@ class _Killer:
 @contextmanager
 def _killing(face: Face, observer: sa.Engine, at: int, when: str) -> Iterator[_Killer]:
     killer = _Killer(observer, at, when)
-    event.listen(face.engine, "before_cursor_execute", killer.before)
-    event.listen(face.engine, "after_cursor_execute", killer.after)
-    try:
+    with recording(face.engine, events=(), act=killer.act):
         yield killer
-    finally:
-        event.remove(face.engine, "before_cursor_execute", killer.before)
-        event.remove(face.engine, "after_cursor_execute", killer.after)
     assert killer.killed
 
 

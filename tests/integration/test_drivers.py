@@ -14,7 +14,7 @@ every outcome and every exception type, on the Alembic fixture and on an ``awa m
   transition writes at its own moment;
 * the transaction forms (Engine, Connection: the caller's rollback and commit, the savepoint
   that keeps the caller's transaction usable, the canonical conflict that aborts it), the
-  AUTOCOMMIT refusal and the canonical statement budget;
+  AUTOCOMMIT refusal and the canonical statement budget; a raw driver connection, refused;
 * faults: lock timeout (55P03), cancel (57014), serialization failure (40001) and a connection
   killed under the call (:data:`awa_sa.errors.CONNECTION_LOST`), psycopg 3 included.
 """
@@ -697,6 +697,34 @@ def test_forms_autocommit_and_budget(driver: str, cluster: Cluster) -> None:
         ):
             tx.call(jobs[6], 1, Snooze(1))
         assert _snapshot(engine) == before
+
+
+@pytest.mark.parametrize("driver", ["psycopg", *DRIVERS])
+def test_a_raw_connection_is_refused_and_left_alone(driver: str, cluster: Cluster) -> None:
+    """The pool's proxy of a driver connection and the driver's own are not binds: refused by
+    type, before anything is sent, on every driver (tests/unit/test_validation.py has no server
+    to make one)."""
+    engine = cluster.engine
+    with engine.begin() as conn:
+        job = insert_job(conn)
+    before = _snapshot(engine)
+    with _face(driver, cluster.url) as face:
+        if face.async_engine is not None:
+            proxy = face.run(face.async_engine.raw_connection())
+        else:
+            proxy = face.engine.raw_connection()
+        try:
+            with recording(face.engine) as sent:
+                for raw in (proxy, proxy.driver_connection):
+                    with pytest.raises(
+                        ValidationError, match=f"bind must .*, got {type(raw).__name__}"
+                    ):
+                        face.call(job, 1, Snooze(1), bind=raw)
+            assert sent == []
+        finally:
+            proxy.close()
+    assert _snapshot(engine) == before
+    assert canonical_state(engine, job) == "running"
 
 
 # -- faults: lock timeout, cancel, serialization failure, a killed connection ---------------

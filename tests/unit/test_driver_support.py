@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy import event
+from recording import recording
 from sqlalchemy.dialects import registry, sqlite
 from sqlalchemy.dialects.postgresql import asyncpg as sa_asyncpg
 from sqlalchemy.dialects.postgresql import pg8000 as sa_pg8000
@@ -31,14 +31,13 @@ class UntestedDialect(sa_psycopg2.PGDialect_psycopg2):
 
 def test_unsupported_binds_are_refused_before_any_statement() -> None:
     sqlite = sa.create_engine("sqlite://")
-    sent: list[str] = []
-    event.listen(sqlite, "before_cursor_execute", lambda *args: sent.append(args[2]))
     sync_names = "postgresql+psycopg, postgresql+psycopg2, postgresql+pg8000"
-    with pytest.raises(ValidationError, match=re.escape(sync_names)):
-        awa_sa.reschedule_canonical_attempt(sqlite, 1, 1, Snooze(1))
-    with sqlite.connect() as conn, pytest.raises(ValidationError, match="sqlite"):
-        awa_sa.reschedule_canonical_attempts(conn, [Attempt(1, 1, Snooze(1))])
-    assert sent == []
+    with recording(sqlite) as sent:
+        with pytest.raises(ValidationError, match=re.escape(sync_names)):
+            awa_sa.reschedule_canonical_attempt(sqlite, 1, 1, Snooze(1))
+        with sqlite.connect() as conn, pytest.raises(ValidationError, match="sqlite"):
+            awa_sa.reschedule_canonical_attempts(conn, [Attempt(1, 1, Snooze(1))])
+    assert sent == []  # no statement, and no transaction begun either
     # A PostgreSQL driver nobody tested (a dialect registered under another driver name).
     registry.register("postgresql.untested", __name__, "UntestedDialect")
     untested = sa.create_engine("postgresql+untested://nobody@localhost/none")

@@ -65,10 +65,15 @@ def step(sql: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Sent:
-    """One recorded statement, as *act* sees it just *when* it runs: on *conn*, with *sql*."""
+    """One recorded statement, as *act* sees it just *when* it runs: on *conn*, with *sql*.
+
+    *index* is its place among the statements recorded in the block, from 0: the same for its
+    "before" and its "after", so a hook that acts at the n-th statement need not count.
+    """
 
     conn: sa.Connection
     sql: str
+    index: int
     when: Literal["before", "after"]
 
 
@@ -89,21 +94,24 @@ def recording(
     statement that fails gets no "after".
     """
     seen: list[str] = []
+    started = 0  # statements recorded so far (seen also holds the events)
 
     def recorded(context: Any) -> bool:
         return not (driver_sql_only and context.compiled is not None)
 
     def before(conn: sa.Connection, _cursor: Any, sql: str, *rest: Any) -> None:
+        nonlocal started
         _params, context, _many = rest
         if recorded(context):
             seen.append(label(sql))
+            started += 1
             if act is not None:
-                act(Sent(conn, sql, "before"))
+                act(Sent(conn, sql, started - 1, "before"))
 
     def after(conn: sa.Connection, _cursor: Any, sql: str, *rest: Any) -> None:
         _params, context, _many = rest
         if act is not None and recorded(context):
-            act(Sent(conn, sql, "after"))
+            act(Sent(conn, sql, started - 1, "after"))
 
     hooks: list[tuple[Any, str, Callable[..., None]]] = [
         (engine, "before_cursor_execute", before),

@@ -737,14 +737,11 @@ class _Killer:
     observer: sa.Engine
     at: int
     when: str
-    seen: int = 0
     killed: bool = False
 
     def act(self, sent: Sent) -> None:
-        """The recorder's hook: counts statements as they start, kills at the one asked for."""
-        if sent.when == "before":
-            self.seen += 1
-        if sent.when == self.when and self.seen - 1 == self.at:
+        """The recorder's hook: kills at the statement and moment asked for."""
+        if (sent.index, sent.when) == (self.at, self.when):
             self.kill(sent.conn)
 
     def kill(self, conn: sa.Connection) -> None:

@@ -109,14 +109,11 @@ class Killer:
     killer: sa.Engine
     at: int
     when: str
-    seen: int = 0
     killed: str | None = None
 
     def act(self, sent: Sent) -> None:
-        """The recorder's hook: counts statements as they start, kills at the one asked for."""
-        if sent.when == "before":
-            self.seen += 1
-        if sent.when == self.when and self.seen - 1 == self.at:
+        """The recorder's hook: kills at the statement and moment asked for."""
+        if (sent.index, sent.when) == (self.at, self.when):
             self._kill(sent.conn, sent.sql)
 
     def _kill(self, victim: sa.Connection, statement: str) -> None:

@@ -7,13 +7,18 @@ added to, dropped from or moved in a path shows up as a one-line difference.
 
 Two labellings cover the suite: :func:`first_word` for budgets ("SELECT, WITH"), and
 :func:`step` for the queue-storage path, which names each statement by what it does there.
+
+A test that must act at a statement (the fault tests kill the backend before or after one) passes
+*act*: it then sees each statement it would record as a :class:`Sent`, before and after it runs,
+from the same hooks, so what it counts is what the list shows.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -58,6 +63,20 @@ def step(sql: str) -> str:
     return next((label for needle, label in _STEPS if needle in sql), sql)
 
 
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """One recorded statement, as *act* sees it just *when* it runs: on *conn*, with *sql*.
+
+    *index* is its place among the statements recorded in the block, from 0: the same for its
+    "before" and its "after", so a hook that acts at the n-th statement need not count.
+    """
+
+    conn: sa.Connection
+    sql: str
+    index: int
+    when: Literal["before", "after"]
+
+
 @contextmanager
 def recording(
     engine: sa.Engine,
@@ -65,21 +84,38 @@ def recording(
     events: Sequence[str] = TRANSACTION_EVENTS,
     *,
     driver_sql_only: bool = False,
+    act: Callable[[Sent], None] | None = None,
 ) -> Iterator[list[str]]:
     """Record what *engine* sends while the block runs; the hooks are removed after.
 
     *driver_sql_only* skips Core statements, which awa-sa never executes (it sends compiled
-    text), so a test's own set-up through Core does not pollute the list.
+    text), so a test's own set-up through Core does not pollute the list. *act* is called with
+    each statement recorded, before it is sent (after its label is added) and after it ran; a
+    statement that fails gets no "after".
     """
     seen: list[str] = []
+    started = 0  # statements recorded so far (seen also holds the events)
 
-    def statement(*args: Any) -> None:
-        _conn, _cursor, sql, _params, context, _many = args
-        if not (driver_sql_only and context.compiled is not None):
+    def recorded(context: Any) -> bool:
+        return not (driver_sql_only and context.compiled is not None)
+
+    def before(conn: sa.Connection, _cursor: Any, sql: str, *rest: Any) -> None:
+        nonlocal started
+        _params, context, _many = rest
+        if recorded(context):
             seen.append(label(sql))
+            started += 1
+            if act is not None:
+                act(Sent(conn, sql, started - 1, "before"))
+
+    def after(conn: sa.Connection, _cursor: Any, sql: str, *rest: Any) -> None:
+        _params, context, _many = rest
+        if act is not None and recorded(context):
+            act(Sent(conn, sql, started - 1, "after"))
 
     hooks: list[tuple[Any, str, Callable[..., None]]] = [
-        (engine, "before_cursor_execute", statement)
+        (engine, "before_cursor_execute", before),
+        (engine, "after_cursor_execute", after),
     ]
     for name in events:
         target = engine.pool if name in POOL_EVENTS else engine

@@ -2,26 +2,63 @@
 
 The benchmark is not timed here (timings are the bench's business, not the suite's): this only
 keeps it working as the code under it changes, so that ``./dev bench`` is there when asked.
+Working means more than writing the keys: every variant ran on every driver, each figure is a
+positive number, and the counts that do not depend on timing are the ones the bench exists to
+show (round trips per call at the proxy, statements per reschedule at the server).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+PARTS = ("single", "breakdown", "distance", "server", "callers", "routing")
 SMALLEST = (
     *("--rounds", "2", "--per-round", "2", "--warmup", "2"),
     *("--far-rounds", "1", "--far-per-round", "2", "--server-calls", "5"),
     *("--callers-seconds", "0.2", "--callers-rounds", "1"),
-    *("--only", "single,breakdown,distance,server,callers,routing"),
+    *("--only", ",".join(PARTS)),
 )
 
+SYNC_FORMS = ("Engine", "Connection")
+ASYNC_FORMS = ("AsyncEngine", "AsyncConnection")
+GROUPS = {
+    "psycopg": SYNC_FORMS,
+    "psycopg async": ASYNC_FORMS,
+    "psycopg2": SYNC_FORMS,
+    "pg8000": SYNC_FORMS,
+    "asyncpg": ASYNC_FORMS,
+}
+VARIANTS = {
+    f"{group} {form}": group
+    for group, forms in GROUPS.items()
+    for form in (
+        "floor",
+        "in-transaction floor",
+        "one-statement floor",
+        *(f"SQLAlchemy {name}" for name in forms),
+        *(f"awa-sa {name}" for name in forms),
+    )
+}
+"""Every variant of parts 1 and 2 and its driver: the raw floors, SQLAlchemy, awa-sa."""
 
-def test_the_bench_runs_and_writes_every_part(tmp_path: Path) -> None:
-    figures = tmp_path / "results.json"
+FLOOR_ROUND_TRIPS = {"floor": 4.0, "in-transaction floor": 2.0}
+"""BEGIN, lock, move, COMMIT; the lock and move alone. Every other variant sends one statement."""
+ONE_EXCHANGE_PER_STATEMENT = ("psycopg", "psycopg async", "psycopg2", "asyncpg")
+"""pg8000 sends a statement in several exchanges, more than one round trip: only counted here."""
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One run of the bench, read by every test of the module."""
+    figures = tmp_path_factory.mktemp("bench") / "results.json"
     done = subprocess.run(
         [sys.executable, "-m", "bench", *SMALLEST, "--json", str(figures)],
         cwd=ROOT,
@@ -31,5 +68,75 @@ def test_the_bench_runs_and_writes_every_part(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    written = json.loads(figures.read_text())
-    assert {"single", "distance", "server", "callers", "routing"} <= set(written)
+    result: dict[str, Any] = json.loads(figures.read_text())
+    return result
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value) and value > 0
+
+
+def _not_positive(figures: dict[str, Any], *keys: str) -> list[str]:
+    """The names in *figures* whose *keys* (or own value, without keys) are not positive."""
+    return [
+        name
+        for name, row in figures.items()
+        if not all(_positive(row[key]) for key in keys) or (not keys and not _positive(row))
+    ]
+
+
+def test_the_bench_runs_and_writes_every_part(written: dict[str, Any]) -> None:
+    assert set(written) == {*PARTS, "machine", "seconds", "parts_seconds"}
+    assert list(written["parts_seconds"]) == list(PARTS)
+    assert _not_positive(written["parts_seconds"]) == []
+
+
+def test_every_variant_ran_on_every_driver(written: dict[str, Any]) -> None:
+    single, far = written["single"], written["distance"]
+    assert single["skipped"] == {}
+    for part in (single, far):
+        assert part["groups"] == VARIANTS
+        assert _not_positive(part["variants"], "wall_us", "cpu_us") == []
+    assert _positive(far["added_rtt_us"])
+
+
+def test_round_trips_are_counted_at_the_proxy_per_call(written: dict[str, Any]) -> None:
+    trips = {name: row["round_trips"] for name, row in written["distance"]["variants"].items()}
+    assert [name for name, n in trips.items() if not n >= 1] == []
+    expected = {
+        name: FLOOR_ROUND_TRIPS.get(name.removeprefix(f"{group} "), 1.0)
+        for name, group in VARIANTS.items()
+        if group in ONE_EXCHANGE_PER_STATEMENT
+    }
+    assert {name: trips[name] for name in expected} == expected
+
+
+def test_the_server_part_counts_each_forms_statements(written: dict[str, Any]) -> None:
+    server = written["server"]
+    # awa-sa: its one statement; the others: BEGIN and COMMIT around their statements.
+    assert {form: row["statements_per_reschedule"] for form, row in server.items()} == {
+        "awa-sa": 1.0,
+        "two statements": 4.0,
+        "straightforward": 4.0,
+        "routing read": 3.0,
+    }
+    assert _not_positive(server, "ms_per_reschedule") == []
+
+
+def test_callers_breakdown_and_routing_have_their_figures(written: dict[str, Any]) -> None:
+    callers = written["callers"]
+    assert list(callers) == [
+        f"{n} {form}" for n in (1, 4, 16) for form in ("floor", "awa-sa Engine")
+    ]
+    assert _not_positive(callers, "per_s") == []
+    server_steps = {name: sorted(row["server_us"]) for name, row in callers.items()}
+    assert server_steps == {
+        name: ["one statement"] if "awa-sa" in name else ["lock", "move"] for name in callers
+    }
+    breakdown = written["breakdown"]
+    assert list(breakdown) == ["psycopg", "psycopg async", "asyncpg"]
+    assert {group: _not_positive(steps) for group, steps in breakdown.items()} == {
+        group: [] for group in breakdown
+    }
+    assert list(written["routing"]) == ["canonical", "queue storage"]
+    assert _not_positive(written["routing"]) == []

@@ -14,7 +14,7 @@ every outcome and every exception type, on the Alembic fixture and on an ``awa m
   transition writes at its own moment;
 * the transaction forms (Engine, Connection: the caller's rollback and commit, the savepoint
   that keeps the caller's transaction usable, the canonical conflict that aborts it), the
-  AUTOCOMMIT refusal and the canonical statement budget;
+  AUTOCOMMIT refusal and the canonical statement budget; a raw driver connection, refused;
 * faults: lock timeout (55P03), cancel (57014), serialization failure (40001) and a connection
   killed under the call (:data:`awa_sa.errors.CONNECTION_LOST`), psycopg 3 included.
 """
@@ -45,7 +45,7 @@ from jobs import (
     snapshot,
 )
 from racing import fingerprint, held, in_thread, wait_for, wait_until_blocked
-from recording import recording
+from recording import Sent, recording
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
@@ -699,6 +699,34 @@ def test_forms_autocommit_and_budget(driver: str, cluster: Cluster) -> None:
         assert _snapshot(engine) == before
 
 
+@pytest.mark.parametrize("driver", ["psycopg", *DRIVERS])
+def test_a_raw_connection_is_refused_and_left_alone(driver: str, cluster: Cluster) -> None:
+    """The pool's proxy of a driver connection and the driver's own are not binds: refused by
+    type, before anything is sent, on every driver (tests/unit/test_validation.py has no server
+    to make one)."""
+    engine = cluster.engine
+    with engine.begin() as conn:
+        job = insert_job(conn)
+    before = _snapshot(engine)
+    with _face(driver, cluster.url) as face:
+        if face.async_engine is not None:
+            proxy = face.run(face.async_engine.raw_connection())
+        else:
+            proxy = face.engine.raw_connection()
+        try:
+            with recording(face.engine) as sent:
+                for raw in (proxy, proxy.driver_connection):
+                    with pytest.raises(
+                        ValidationError, match=f"bind must .*, got {type(raw).__name__}"
+                    ):
+                        face.call(job, 1, Snooze(1), bind=raw)
+            assert sent == []
+        finally:
+            proxy.close()
+    assert _snapshot(engine) == before
+    assert canonical_state(engine, job) == "running"
+
+
 # -- faults: lock timeout, cancel, serialization failure, a killed connection ---------------
 
 
@@ -709,17 +737,12 @@ class _Killer:
     observer: sa.Engine
     at: int
     when: str
-    seen: int = 0
     killed: bool = False
 
-    def before(self, conn: sa.Connection, *args: Any) -> None:
-        if self.when == "before" and self.seen == self.at:
-            self.kill(conn)
-        self.seen += 1
-
-    def after(self, conn: sa.Connection, *args: Any) -> None:
-        if self.when == "after" and self.seen - 1 == self.at:
-            self.kill(conn)
+    def act(self, sent: Sent) -> None:
+        """The recorder's hook: kills at the statement and moment asked for."""
+        if (sent.index, sent.when) == (self.at, self.when):
+            self.kill(sent.conn)
 
     def kill(self, conn: sa.Connection) -> None:
         pid = conn.info["pid"]
@@ -739,13 +762,8 @@ class _Killer:
 @contextmanager
 def _killing(face: Face, observer: sa.Engine, at: int, when: str) -> Iterator[_Killer]:
     killer = _Killer(observer, at, when)
-    event.listen(face.engine, "before_cursor_execute", killer.before)
-    event.listen(face.engine, "after_cursor_execute", killer.after)
-    try:
+    with recording(face.engine, events=(), act=killer.act):
         yield killer
-    finally:
-        event.remove(face.engine, "before_cursor_execute", killer.before)
-        event.remove(face.engine, "after_cursor_execute", killer.after)
     assert killer.killed
 
 

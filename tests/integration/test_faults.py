@@ -9,8 +9,8 @@ transactional).
 Faults:
 
 * the backend is killed (``pg_terminate_backend`` from another session) before and after every
-  statement the operation sends -- driven by ``before_cursor_execute``/``after_cursor_execute``
-  -- on each path (canonical, migrated, cancelled duplicate with the last-resort insert),
+  statement the operation sends -- driven by the suite's statement recorder (``recording``'s
+  *act*) -- on each path (canonical, migrated, cancelled duplicate with the last-resort insert),
   through an ``Engine``, a caller's ``Connection`` and an ``AsyncEngine``;
 * ``statement_timeout`` while another session holds the attempt's row or the successor's
   unique claim (the latter strikes inside the deferred-rows savepoint, after the take);
@@ -28,8 +28,9 @@ faults.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -47,7 +48,7 @@ from racing import (
     wait_for,
     wait_until_blocked,
 )
-from sqlalchemy import event
+from recording import Sent, recording
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import awa_sa.asyncio as awa_async
@@ -106,27 +107,18 @@ class Killer:
     """Terminates the victim's backend before or after its *at*-th statement (0-based)."""
 
     killer: sa.Engine
-    at: int = -1
-    when: str = "before"
-    sent: list[str] = field(default_factory=list)
+    at: int
+    when: str
     killed: str | None = None
-    _current: int = -1
 
-    def attach(self, target: sa.Engine) -> None:
-        event.listen(target, "before_cursor_execute", self._before)
-        event.listen(target, "after_cursor_execute", self._after)
+    def act(self, sent: Sent) -> None:
+        """The recorder's hook: kills at the statement and moment asked for."""
+        if (sent.index, sent.when) == (self.at, self.when):
+            self._kill(sent.conn, sent.sql)
 
-    def detach(self, target: sa.Engine) -> None:
-        event.remove(target, "before_cursor_execute", self._before)
-        event.remove(target, "after_cursor_execute", self._after)
-
-    def arm(self, at: int, when: str) -> None:
-        self.at, self.when, self.killed = at, when, None
-        self.sent.clear()
-
-    def _kill(self, victim: Any, statement: str) -> None:
+    def _kill(self, victim: sa.Connection, statement: str) -> None:
         # The psycopg connection under the pool proxy, sync or async alike.
-        pid = victim.connection.driver_connection.info.backend_pid
+        pid = victim.connection.driver_connection.info.backend_pid  # type: ignore[union-attr]
         gone = sa.text("SELECT NOT EXISTS (SELECT FROM pg_stat_activity WHERE pid = :p)")
         with self.killer.connect() as conn:
             assert conn.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid}).scalar()
@@ -140,15 +132,13 @@ class Killer:
             wait_for(exited, what="backend exit")
         self.killed = f"{self.when} #{self.at}: {statement.split(maxsplit=1)[0]}"
 
-    def _before(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        self._current = len(self.sent)
-        self.sent.append(statement)
-        if self.when == "before" and self._current == self.at:
-            self._kill(conn, statement)
 
-    def _after(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if self.when == "after" and self._current == self.at:
-            self._kill(conn, statement)
+@contextmanager
+def killing(killer: sa.Engine, victim: sa.Engine, at: int, when: str) -> Iterator[Killer]:
+    """While the block runs, kill *victim*'s backend before or after its *at*-th statement."""
+    armed = Killer(killer, at, when)
+    with recording(victim, events=(), act=armed.act):
+        yield armed
 
 
 def _call_form(form: str, engine: sa.Engine, job_id: int, lease: int) -> Outcome | str:
@@ -170,7 +160,6 @@ def _call_form(form: str, engine: sa.Engine, job_id: int, lease: int) -> Outcome
 def _kill_everywhere(
     engine: sa.Engine,
     victim: sa.Engine,
-    killer: Killer,
     seed: Callable[[sa.Connection], tuple[int, int]],
     expect: type[Outcome],
 ) -> list[str]:
@@ -184,37 +173,37 @@ def _kill_everywhere(
     for form in ("engine", "connection"):
         with engine.begin() as conn:
             job_id, lease = seed(conn)
-        killer.arm(-1, "before")
-        assert isinstance(_call_form(form, victim, job_id, lease), expect)
-        statements = list(killer.sent)  # the dry run tells which statements this form sends
+        # The dry run tells which statements this form sends.
+        with recording(victim, events=()) as statements:
+            assert isinstance(_call_form(form, victim, job_id, lease), expect)
 
         for at, when in itertools.product(range(len(statements)), ("before", "after")):
             with engine.begin() as conn:
                 job_id, lease = seed(conn)
             before = fingerprint(engine)
-            killer.arm(at, when)
-            label = f"{expect.__name__} {when} #{at} ({statements[at].split(maxsplit=1)[0]}) {form}"
+            label = f"{expect.__name__} {when} #{at} ({statements[at]}) {form}"
             committed_alone = form == "engine" and len(statements) == 1 and when == "after"
-            try:
-                result = _call_form(form, victim, job_id, lease)
-                if committed_alone and isinstance(result, expect):
-                    if _running(engine, job_id):
-                        failures.append(f"{label}: reported {result}, but the job still runs")
-                    # Killed after its last statement, like any connection killed after a
-                    # COMMIT: dead in the pool until its next use (or pool_pre_ping) finds out.
-                    victim.dispose()
-                    continue
-                if result != "caller commit failed":
-                    failures.append(f"{label}: no error, {result}")
-            except Exception as exc:
-                if not isinstance(exc, AwaSAError):
-                    failures.append(f"{label}: raw {type(exc).__module__}.{type(exc).__name__}")
+            with killing(engine, victim, at, when) as killer:
+                try:
+                    result = _call_form(form, victim, job_id, lease)
+                    if committed_alone and isinstance(result, expect):
+                        if _running(engine, job_id):
+                            failures.append(f"{label}: reported {result}, but the job still runs")
+                        # Killed after its last statement, like any connection killed after a
+                        # COMMIT: dead in the pool until its next use (or pool_pre_ping) finds out.
+                        victim.dispose()
+                        continue
+                    if result != "caller commit failed":
+                        failures.append(f"{label}: no error, {result}")
+                except Exception as exc:
+                    if not isinstance(exc, AwaSAError):
+                        raw = f"{type(exc).__module__}.{type(exc).__name__}"
+                        failures.append(f"{label}: raw {raw}")
             assert killer.killed, f"kill point {label} never reached"
             if fingerprint(engine) != before:
                 failures.append(f"{label}: database changed")
 
     # The pool recovers from every kill: the next call simply works.
-    killer.arm(-1, "before")
     with engine.begin() as conn:
         job_id, lease = seed(conn)
     assert isinstance(reschedule_canonical_attempt(victim, job_id, lease, Snooze(1)), expect)
@@ -230,18 +219,15 @@ def _running(engine: sa.Engine, job_id: int) -> bool:
 def test_backend_killed_at_every_statement_boundary(cluster: Cluster) -> None:
     """Canonical path, then (routing flipped to ``awa_qs``) migrated and last-resort paths."""
     engine = cluster.engine
-    killer = Killer(engine)
     victim = sa.create_engine(cluster.url)  # one pool throughout: it must survive the kills
-    killer.attach(victim)
     try:
-        failures = _kill_everywhere(engine, victim, killer, _plain, Rescheduled)
+        failures = _kill_everywhere(engine, victim, _plain, Rescheduled)
         cluster.set_phase("mixed_transition", "awa_qs")
         with engine.begin() as conn:
             advance_sequence(conn, "awa_qs.job_id_seq", QS_IDS)
-        failures += _kill_everywhere(engine, victim, killer, _plain, Migrated)
-        failures += _kill_everywhere(engine, victim, killer, _last_resort, CancelledDuplicate)
+        failures += _kill_everywhere(engine, victim, _plain, Migrated)
+        failures += _kill_everywhere(engine, victim, _last_resort, CancelledDuplicate)
     finally:
-        killer.detach(victim)
         victim.dispose()
     assert not failures, f"{len(failures)} kill points failed:\n" + "\n".join(failures)
 
@@ -250,37 +236,35 @@ async def test_backend_killed_under_the_async_face(db_url: str, engine: sa.Engin
     """The async face on the longest path, killed before and after each statement."""
     with engine.begin() as conn:
         set_phase(conn, "mixed_transition", "awa_qs")
-    killer = Killer(engine)
     aengine = create_async_engine(db_url)
-    killer.attach(aengine.sync_engine)
+    victim = aengine.sync_engine  # where the hooks go: the async engine's events are its own
     failures: list[str] = []
     try:
         with engine.begin() as conn:
             job_id, lease = _last_resort(conn)
-        out = await awa_async.reschedule_canonical_attempt(aengine, job_id, lease, Snooze(3))
+        with recording(victim, events=()) as statements:
+            out = await awa_async.reschedule_canonical_attempt(aengine, job_id, lease, Snooze(3))
         assert isinstance(out, CancelledDuplicate)
-        n_statements = len(killer.sent)
-        for at, when in itertools.product(range(n_statements), ("before", "after")):
+        for at, when in itertools.product(range(len(statements)), ("before", "after")):
             with engine.begin() as conn:
                 job_id, lease = _last_resort(conn)
             before = fingerprint(engine)
-            killer.arm(at, when)
-            try:
-                out = await awa_async.reschedule_canonical_attempt(
-                    aengine, job_id, lease, Snooze(3)
-                )
-                failures.append(f"{when} #{at}: no error, {out}")
-            except Exception as exc:
-                if not isinstance(exc, AwaSAError):
-                    raw = f"{type(exc).__module__}.{type(exc).__name__}"
-                    failures.append(f"{when} #{at}: raw {raw}")
+            with killing(engine, victim, at, when) as killer:
+                try:
+                    out = await awa_async.reschedule_canonical_attempt(
+                        aengine, job_id, lease, Snooze(3)
+                    )
+                    failures.append(f"{when} #{at}: no error, {out}")
+                except Exception as exc:
+                    if not isinstance(exc, AwaSAError):
+                        raw = f"{type(exc).__module__}.{type(exc).__name__}"
+                        failures.append(f"{when} #{at}: raw {raw}")
             assert killer.killed, (when, at)
             if fingerprint(engine) != before:
                 failures.append(f"{when} #{at}: database changed")
     finally:
-        killer.detach(aengine.sync_engine)
         await aengine.dispose()
-    assert n_statements > 10
+    assert len(statements) > 10
     assert not failures, "\n".join(failures)
 
 

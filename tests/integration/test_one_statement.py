@@ -30,7 +30,7 @@ from racing import (
     take_snapshot,
     transitions_for,
 )
-from sqlalchemy import event
+from recording import recording, step
 from sqlalchemy.dialects.postgresql import psycopg
 from test_batch import NO_NOW, Run, _normal_outcome, tables
 
@@ -257,19 +257,12 @@ def test_rows_are_the_two_statement_paths_for_every_kind_and_shape(
     clones = [sa.create_engine(clone_database(cluster.dbname), poolclass=sa.NullPool)]
     clones += [sa.create_engine(clone_database(cluster.dbname), poolclass=sa.NullPool)]
     clones += [sa.create_engine(clone_database(cluster.dbname), poolclass=sa.NullPool)]
-    sent: list[str] = []
-
-    def library(*args: Any) -> None:
-        if args[4].compiled is None:  # driver SQL: the library's own (the test's are Core)
-            sent.append(args[2])
-
-    event.listen(cluster.engine, "before_cursor_execute", library)
     for batch, (ours, theirs) in ((False, (cluster.engine, clones[0])), (True, clones[1:])):
-        sent.clear()
-        one = _apply(ours, items, at_once=True, batch=batch)
+        # Driver SQL only: the library's own (the test's are Core).
+        with recording(ours, step, events=(), driver_sql_only=True) as sent:
+            one = _apply(ours, items, at_once=True, batch=batch)
         if ours is cluster.engine:
-            assert all("to_regprocedure(" in sql for sql in sent)  # the one statement only
-            assert len(sent) == len(items)
+            assert sent == ["one statement"] * len(items)  # the one statement only
         two = _apply(theirs, items, at_once=False, batch=batch)
         assert one.error is two.error is None
         assert one.outcomes == two.outcomes
@@ -303,23 +296,8 @@ def _installed(conn: sa.Connection, function: str) -> str:
 
 @pytest.fixture
 def labelled(cluster: Cluster) -> Iterator[list[str]]:
-    seen: list[str] = []
-
-    def record(*args: Any) -> None:
-        sql: str = args[2]
-        seen.append(
-            "one statement"
-            if "to_regprocedure(" in sql
-            else "lock"
-            if "FOR SHARE" in sql
-            else "routing+move"
-            if "active_queue_storage_schema()" in sql
-            else sql.split(maxsplit=1)[0]
-        )
-
-    event.listen(cluster.engine, "before_cursor_execute", record)
-    yield seen
-    event.remove(cluster.engine, "before_cursor_execute", record)
+    with recording(cluster.engine, step, events=()) as seen:
+        yield seen
 
 
 @pytest.mark.parametrize("function", [_ENGINE_BODY, _SCHEMA_BODY])
@@ -399,14 +377,6 @@ def test_repeatable_read_after_a_transition_is_a_serialization_failure(cluster: 
     assert _where(engine, job) == ["awa.jobs_hot"]
 
 
-def _recorded(engine: sa.Engine) -> list[str]:
-    seen: list[str] = []
-    event.listen(engine, "before_cursor_execute", lambda *a: seen.append("statement"))
-    event.listen(engine, "commit", lambda *a: seen.append("COMMIT"))
-    event.listen(engine, "begin", lambda *a: seen.append("BEGIN"))
-    return seen
-
-
 @pytest.mark.parametrize("level", ["REPEATABLE READ", "SERIALIZABLE"])
 def test_an_engine_set_to_another_isolation_level_keeps_its_transaction(
     cluster: Cluster, level: str
@@ -415,12 +385,10 @@ def test_an_engine_set_to_another_isolation_level_keeps_its_transaction(
     the one statement at its own level, and COMMIT."""
     made = sa.create_engine(cluster.url, isolation_level=level)
     base = sa.create_engine(cluster.url)
-    for engine, seen in (
-        (made, _recorded(made)),
-        (base.execution_options(isolation_level=level), _recorded(base)),
-    ):
+    for engine, hooked in ((made, made), (base.execution_options(isolation_level=level), base)):
         (job,) = _seed(cluster.engine)
-        assert isinstance(reschedule_canonical_attempt(engine, job, 2, Snooze(5)), Rescheduled)
-        assert seen == ["BEGIN", "statement", "COMMIT"]
+        with recording(hooked) as seen:
+            assert isinstance(reschedule_canonical_attempt(engine, job, 2, Snooze(5)), Rescheduled)
+        assert seen == ["BEGIN", "WITH", "COMMIT"]
     made.dispose()
     base.dispose()

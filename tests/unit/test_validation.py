@@ -1,7 +1,8 @@
 """Input judged without the database is refused before a connection is even checked out.
 
 The engine points at a port nothing listens on, so a connection attempt would fail with a
-driver error, not the ``ValidationError`` each case expects; a checkout listener says so too.
+driver error, not the ``ValidationError`` each case expects; the suite's recorder, listening for
+checkouts, BEGINs and statements, says so too.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy import event
+from recording import recording
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
@@ -26,16 +27,10 @@ NOWHERE = "postgresql+psycopg://nobody@127.0.0.1:1/nothing"
 def untouched() -> Iterator[sa.Engine]:
     """An engine with no server behind it, failing the test if a connection is checked out."""
     engine = sa.create_engine(NOWHERE)
-    checkouts: list[object] = []
-
-    def on_checkout(*args: object) -> None:
-        checkouts.append(args)
-
-    event.listen(engine, "checkout", on_checkout)
-    yield engine
-    event.remove(engine, "checkout", on_checkout)
+    with recording(engine, events=("checkout", "begin")) as seen:
+        yield engine
     engine.dispose()
-    assert checkouts == []
+    assert seen == []
 
 
 NON_FINITE = [math.nan, math.inf, -math.inf]
@@ -100,8 +95,9 @@ def test_refused_before_the_database(untouched: sa.Engine) -> None:
     for kind in ("snooze", Snooze, None, 30.0):
         with pytest.raises(ValidationError, match="kind"):
             reschedule_canonical_attempt(engine, job, 1, kind)  # type: ignore[arg-type]
-    for bind in (str(engine.url), None, engine.raw_connection):
-        with pytest.raises(ValidationError, match="bind"):
+    # A raw driver connection needs a server: tests/integration/test_drivers.py refuses those.
+    for bind, name in ((str(engine.url), "str"), (None, "NoneType"), (engine.pool, "QueuePool")):
+        with pytest.raises(ValidationError, match=f"bind must be .*, got {name}$"):
             reschedule_canonical_attempt(bind, job, 1, RetryBackoff())  # type: ignore[arg-type]
 
 

@@ -87,8 +87,10 @@ def attempt_rows(batch: bool) -> CTE:
     row already gone and is Stale, and at most one lease can match a row. ``new_progress``
     would clash with the row's own ``progress`` in ``RETURNING``.
     """
-    names = ("job_id", "lease", "tag", "delay", "error", "new_progress")
-    names += ("want_kind", "want_queue", "want_attempt")
+    names = (
+        *("job_id", "lease", "tag", "delay", "error", "new_progress"),
+        *("want_kind", "want_queue", "want_attempt"),
+    )
     types = (BigInteger, BigInteger, Text, Double, Text, Text, Text, Text, SmallInteger)
     fields = list(zip(_ITEM_BINDS, names, types, strict=True))
     items = bound_rows("item", fields, batch, ordinality=True)

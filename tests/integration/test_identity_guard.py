@@ -7,6 +7,8 @@ that identity checked inside the moving statement, under the row lock: a row und
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from conftest import Cluster
 from jobs import canonical_state, insert_job
@@ -15,7 +17,7 @@ from awa_sa import Rescheduled, Snooze, Stale
 from awa_sa.calls import prepare
 from awa_sa.forms import in_transaction, within
 
-WRONG = {"kind": "other_kind", "queue": "other_queue", "attempt": 9}
+WRONG: dict[str, Any] = {"kind": "other_kind", "queue": "other_queue", "attempt": 9}
 
 
 @pytest.mark.parametrize("phase", ["canonical", "mixed_transition"])
@@ -27,7 +29,8 @@ def test_a_different_identity_is_stale_and_changes_nothing(
     with cluster.engine.begin() as conn:
         job = insert_job(conn, kind="send_email", queue="mail", attempt=2)
     call = prepare(job, 1, Snooze(5), None, None)
-    named = {"kind": "send_email", "queue": "mail", "attempt": 2, field: WRONG[field]}
+    named: dict[str, Any] = {"kind": "send_email", "queue": "mail", "attempt": 2}
+    named[field] = WRONG[field]
     wrong = type(call)(call.kind, call.item._replace(**named))
     with cluster.engine.begin() as conn:
         assert in_transaction(conn, [wrong]) == [Stale()]

@@ -22,7 +22,7 @@ from opentelemetry.instrumentation.sqlalchemy import SQLAlchemyInstrumentor
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from sqlalchemy import event
+from recording import recording
 from test_drivers import Face, _name, seed, walk
 
 from awa_sa.testing.server import EmbeddedPostgres
@@ -47,12 +47,11 @@ def test_every_statement_of_the_walk_is_a_span(
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    sent: list[str] = []
-    event.listen(face.engine, "before_cursor_execute", lambda *args: sent.append(args[2]))
     instrumentor = SQLAlchemyInstrumentor()
     instrumentor.instrument(engine=face.engine, tracer_provider=provider, skip_dep_check=not ON_2_0)
     try:
-        walked = walk(face, Cluster("fixture", pg, url, observer), jobs)
+        with recording(face.engine, lambda sql: sql, events=()) as sent:
+            walked = walk(face, Cluster("fixture", pg, url, observer), jobs)
     finally:
         instrumentor.uninstrument()
         face.dispose()

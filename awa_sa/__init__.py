@@ -44,9 +44,10 @@ from awa_sa.kinds import (
     Stale,
 )
 from awa_sa.reschedule import reschedule_canonical_attempt, reschedule_canonical_attempts
-from awa_sa.running import RunningAttempt, running_attempts
+from awa_sa.running import CANONICAL, RunningAttempt, running_attempts
 
 __all__ = [
+    "CANONICAL",
     "Attempt",
     "AwaSAError",
     "CancelledDuplicate",

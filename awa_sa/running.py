@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import (
     BigInteger,
@@ -62,7 +62,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.elements import ColumnElement
 
-from awa_sa.errors import translated
+from awa_sa.errors import AmbiguousAttempt, AttemptNotFound, ValidationError, translated
 from awa_sa.queue_storage import (
     attempt_state,
     deferred_jobs,
@@ -76,7 +76,7 @@ from awa_sa.queue_storage import (
     ready_entries,
     translate_map,
 )
-from awa_sa.tables import jobs_hot
+from awa_sa.tables import Timestamp, jobs_hot
 
 CANONICAL = "canonical"
 """``RunningAttempt.storage`` of an attempt in ``awa.jobs_hot``."""
@@ -109,7 +109,8 @@ class RunningAttempt:
     """``now() - attempted_at`` on the database's clock, as of the query."""
     storage: str
     created_at: datetime
-    """When the job was enqueued."""
+    """When the job was enqueued: with ``job_id``, ``kind`` and ``queue`` it tells two planes'
+    jobs apart even where their ids and leases collide."""
     args: Any
     claim_slot: int | None = None
     receipt_id: int | None = None
@@ -171,6 +172,7 @@ def _listed(attempts: Subquery, *leading: ColumnElement[Any]) -> Select[Any]:
             _filter("f_running_for", Interval, lambda v: a.attempted_at <= func.now() - v),
             _filter("f_job_id", BigInteger, lambda v: a.job_id == v),
             _filter("f_attempt", SmallInteger, lambda v: a.attempt == v),
+            _filter("f_created_at", Timestamp, lambda v: a.created_at == v),
         )
         .order_by(a.attempted_at, a.job_id)
         .limit(_param("f_limit", BigInteger))
@@ -402,6 +404,21 @@ def queue_storage_attempts() -> Select[Any]:
     return _listed(attempts)
 
 
+class JobLike(Protocol):
+    """What :func:`attempt_of` reads from a job: awa-pg's ``Job`` has all of it."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def queue(self) -> str: ...
+    @property
+    def created_at(self) -> str | datetime: ...
+
+
 def _attempt(row: Row[Any], storage: str) -> RunningAttempt:
     values = {name: row._mapping[name] for name in (*_COLUMNS, "running_for")}
     return RunningAttempt(storage=storage, **values)
@@ -443,7 +460,7 @@ def running_attempts(
     ``running_for`` keeps the attempts claimed at least that long ago. ``job_id`` with
     ``attempt`` narrows to one job's current claim *per plane*: during a transition the same
     pair can name a canonical and a queue-storage attempt, both listed, each with its
-    ``storage``.
+    ``storage``; a handler should use :func:`attempt_of`, which matches its job exactly.
 
     Round trips: one on a cluster whose routing is canonical (the attempts of ``awa.jobs_hot``
     and the routing schema in one statement), two once routing is queue storage (then the
@@ -457,6 +474,64 @@ def running_attempts(
         "f_running_for": running_for,
         "f_job_id": job_id,
         "f_attempt": attempt,
+        "f_created_at": None,
         "f_limit": limit,
     }
     return _list(bind, params)
+
+
+def _created_at(job: Any) -> datetime:
+    """The job's ``created_at`` as a datetime: awa-pg gives RFC 3339 text, lossless to the µs."""
+    value = getattr(job, "created_at", None)
+    if isinstance(value, datetime):
+        stamp = value
+    elif isinstance(value, str):
+        try:
+            stamp = datetime.fromisoformat(value)
+        except ValueError:
+            raise ValidationError(f"job.created_at is not an RFC 3339 time: {value!r}") from None
+    else:
+        raise ValidationError(f"job.created_at must be a datetime or RFC 3339 text: {value!r}")
+    if stamp.tzinfo is None:
+        raise ValidationError(f"job.created_at has no time zone: {value!r}")
+    return stamp
+
+
+def _identity(job: Any) -> dict[str, Any]:
+    """The filters that name *job*'s claim: every attribute a handler's job carries."""
+    values = {}
+    for name, key, type_ in (
+        ("id", "f_job_id", int),
+        ("attempt", "f_attempt", int),
+        ("kind", "f_kind", str),
+        ("queue", "f_queue", str),
+    ):
+        value = getattr(job, name, None)
+        if not isinstance(value, type_) or isinstance(value, bool):
+            raise ValidationError(f"job.{name} must be {type_.__name__}: {value!r}")
+        values[key] = value
+    return {**values, "f_created_at": _created_at(job), "f_running_for": None, "f_limit": None}
+
+
+def attempt_of(bind: Engine | Connection, job: JobLike | Any) -> RunningAttempt:
+    """The running attempt that is *job*'s current claim, in whichever plane holds it.
+
+    *job* is the awa-pg ``Job`` a handler received, or any object with its ``id``,
+    ``attempt``, ``kind``, ``queue`` and ``created_at`` (RFC 3339 text or an aware datetime).
+    Every one of them must match: during a storage transition a canonical and a
+    queue-storage job can share ``id`` and ``attempt`` (and their leases), and only kind,
+    queue and the enqueue time tell them apart.
+
+    Raises :class:`AttemptNotFound` when nothing running matches (the claim was settled,
+    rescued or re-claimed since), :class:`AmbiguousAttempt` when more than one does, and
+    :class:`ValidationError` for a job lacking those attributes. The statements and round
+    trips are :func:`running_attempts`'s. From async code:
+    ``await conn.run_sync(attempt_of, job)``.
+    """
+    params = _identity(job)
+    found = _list(bind, params)
+    if not found:
+        raise AttemptNotFound(params["f_job_id"], params["f_attempt"])
+    if len(found) > 1:
+        raise AmbiguousAttempt(params["f_job_id"], params["f_attempt"], found)
+    return found[0]

@@ -4,12 +4,13 @@ The real runtimes (test_attempt_planes.py) show completion and retry closing rec
 each piece of evidence Awa's runtime honours is written alone, with SQL, beside an open receipt
 of each shape (row-local in ``lease_claims``, compact in ``lease_claim_batches``), on the
 fixture in ``mixed_transition``, and the listing must drop exactly the receipt it names. The
-filters and the limit are checked across both planes on the same rows.
+filters, the limit and the two lookup errors are checked across both planes on the same rows.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,7 +18,14 @@ import sqlalchemy as sa
 from jobs import insert_job
 
 import awa_sa_schema
-from awa_sa import CANONICAL, running_attempts
+from awa_sa import (
+    CANONICAL,
+    AmbiguousAttempt,
+    AttemptNotFound,
+    RunningAttempt,
+    attempt_of,
+    running_attempts,
+)
 
 QS = "awa_qs"
 
@@ -203,6 +211,51 @@ def test_filters_apply_to_both_planes(both: dict[str, Any]) -> None:
     assert [(a.storage, a.job_id) for a in running_attempts(engine, limit=3)] == [
         (a.storage, a.job_id) for a in every[:3]
     ]
+
+
+def _job(attempt: RunningAttempt, created_at: Any) -> SimpleNamespace:
+    """A handler's job as awa-pg hands it over: what ``attempt_of`` reads."""
+    return SimpleNamespace(
+        id=attempt.job_id,
+        attempt=attempt.attempt,
+        kind=attempt.kind,
+        queue=attempt.queue,
+        created_at=created_at,
+    )
+
+
+def test_attempt_of_tells_the_colliding_jobs_apart_by_created_at(both: dict[str, Any]) -> None:
+    engine: sa.Engine = both["engine"]
+    canonical, queued = sorted(
+        running_attempts(engine, job_id=1, attempt=1), key=lambda a: a.on_queue_storage
+    )
+    for created_at in (both["hot_created"], both["hot_created"].isoformat()):
+        found = attempt_of(engine, _job(canonical, created_at))
+        assert (found.storage, found.job_id, found.created_at) == (
+            CANONICAL,
+            1,
+            both["hot_created"],
+        )
+    found = attempt_of(engine, _job(queued, both["qs_created"].isoformat()))
+    assert (found.storage, found.job_id, found.created_at) == (QS, 1, both["qs_created"])
+    later = both["qs_created"] + dt.timedelta(microseconds=1)
+    with pytest.raises(AttemptNotFound) as missing:
+        attempt_of(engine, _job(queued, later))
+    assert (missing.value.job_id, missing.value.attempt) == (1, 1)
+
+
+def test_two_planes_matching_on_everything_are_ambiguous(mixed: sa.Engine) -> None:
+    with mixed.begin() as conn:
+        insert_job(conn, kind="mail", queue="mail")
+        created = conn.execute(sa.text("SELECT created_at FROM awa.jobs_hot")).scalar_one()
+        ready(conn, 1, 1)
+        conn.execute(sa.text(f"UPDATE {QS}.ready_entries SET created_at = :c"), {"c": created})
+        row_receipt(conn, 1, 1)
+    job = SimpleNamespace(id=1, attempt=1, kind="mail", queue="mail", created_at=created)
+    with pytest.raises(AmbiguousAttempt) as ambiguous:
+        attempt_of(mixed, job)
+    candidates = ambiguous.value.candidates
+    assert {a.storage for a in candidates if isinstance(a, RunningAttempt)} == {CANONICAL, QS}
 
 
 def test_a_canonical_cluster_is_read_in_one_statement(engine: sa.Engine) -> None:

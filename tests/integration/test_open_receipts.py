@@ -9,6 +9,7 @@ filters, the limit and the two lookup errors are checked across both planes on t
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from types import SimpleNamespace
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from jobs import insert_job
+from sqlalchemy.ext.asyncio import create_async_engine
 
 import awa_sa_schema
 from awa_sa import (
@@ -267,3 +269,40 @@ def test_a_canonical_cluster_is_read_in_one_statement(engine: sa.Engine) -> None
     [attempt] = running_attempts(engine)
     assert attempt.storage == CANONICAL
     assert len([s for s in statements if "jobs_hot" in s or "lease_claims" in s]) == 1
+
+
+@pytest.mark.parametrize("driver", ["psycopg2", "pg8000", "asyncpg", "psycopg-async"])
+def test_both_planes_on_every_driver(both: dict[str, Any], driver: str) -> None:
+    """The same listing and lookup on every supported driver, async ones through run_sync."""
+    engine: sa.Engine = both["engine"]
+    queued = _job(
+        next(a for a in running_attempts(engine, job_id=1) if a.on_queue_storage),
+        both["qs_created"],
+    )
+    name = driver.removesuffix("-async")
+    url = engine.url.set(drivername=f"postgresql+{name}")
+
+    def read(conn: sa.Connection) -> tuple[list[tuple[str, int]], RunningAttempt]:
+        found = running_attempts(conn, job_id=1, attempt=1)
+        return sorted((a.storage, a.job_id) for a in found), attempt_of(conn, queued)
+
+    if name in ("asyncpg", "psycopg"):
+
+        async def run() -> tuple[list[tuple[str, int]], RunningAttempt]:
+            async_engine = create_async_engine(url, poolclass=sa.NullPool)
+            try:
+                async with async_engine.connect() as conn:
+                    return await conn.run_sync(read)
+            finally:
+                await async_engine.dispose()
+
+        listed_pairs, found = asyncio.run(run())
+    else:
+        sync_engine = sa.create_engine(url, poolclass=sa.NullPool)
+        try:
+            with sync_engine.connect() as conn:
+                listed_pairs, found = read(conn)
+        finally:
+            sync_engine.dispose()
+    assert listed_pairs == sorted([(CANONICAL, 1), (QS, 1)])
+    assert (found.storage, found.job_id, found.created_at) == (QS, 1, both["qs_created"])

@@ -465,3 +465,57 @@ def test_attempt_of_refuses_a_job_without_its_attributes() -> None:
         attempt_of(engine, job)
     with pytest.raises(ValidationError, match=r"job\.attempt"):
         attempt_of(engine, SimpleNamespace(id=1, kind="mail", queue="mail"))
+
+
+BEATS = """
+    SELECT s.job_id, s.heartbeat_at, c.claimed_at
+    FROM awa.attempt_state AS s
+    JOIN awa.lease_claims AS c USING (job_id, run_lease)
+"""
+"""A receipt's heartbeats, beside its claim time."""
+
+
+def test_a_receipts_heartbeat_is_the_runtimes_latest(fresh_url: str) -> None:
+    """awa-pg 0.6.9 heartbeats a receipt into attempt_state; the listing reports that beat."""
+    engine = sa.create_engine(fresh_url, poolclass=sa.NullPool)
+
+    def beaten() -> tuple[list[RunningAttempt], list[dict[str, Any]]] | None:
+        with engine.connect() as conn:  # one snapshot for the listing and the rows
+            conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            beats = [dict(r) for r in conn.execute(sa.text(BEATS)).mappings()]
+            if not beats:
+                return None
+            return running_attempts(conn), beats
+
+    async def run() -> tuple[list[RunningAttempt], list[dict[str, Any]]]:
+        release, holding = asyncio.Event(), asyncio.Event()
+
+        async def holds(job: Any) -> None:
+            holding.set()
+            await release.wait()
+
+        client = awa.AsyncClient(pg_url(fresh_url))
+        client.task(Mail, queue="mail")(holds)
+        await client.start([("mail", 1)], heartbeat_interval_ms=100)
+        try:
+            await client.insert(Mail(who="beats"), queue="mail")
+            await within(holding)
+            deadline = asyncio.get_running_loop().time() + WAIT_SECS
+            while asyncio.get_running_loop().time() < deadline:  # wait for the beat's row
+                found = await asyncio.to_thread(beaten)
+                if found is not None:
+                    return found
+                await asyncio.sleep(0.05)
+            pytest.fail("the runtime never heartbeat its receipt")
+        finally:
+            release.set()
+            await client.shutdown()
+            await client.close()
+
+    try:
+        [attempt], [beat] = asyncio.run(run())
+    finally:
+        engine.dispose()
+    assert (attempt.storage, attempt.job_id) == ("awa", beat["job_id"])
+    assert attempt.heartbeat_at == beat["heartbeat_at"] > beat["claimed_at"]
+    assert attempt.attempted_at == beat["claimed_at"]

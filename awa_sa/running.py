@@ -91,8 +91,8 @@ class RunningAttempt:
     storage ``claim_slot`` and ``receipt_id`` name its receipt (``receipt_id`` is unique in
     the schema), and a compact receipt also has ``claim_batch_id`` and ``claim_batch_index``
     (its 1-based position in the ``lease_claim_batches`` row). All four are None on the
-    canonical plane, and ``claim_*`` are None for a materialised lease whose receipt is a
-    compact one.
+    canonical plane, and for a materialised lease whose receipt was a compact one (a lease is
+    matched to its receipt through ``lease_claims`` only).
     """
 
     job_id: int

@@ -260,15 +260,18 @@ def test_two_planes_matching_on_everything_are_ambiguous(mixed: sa.Engine) -> No
     assert {a.storage for a in candidates if isinstance(a, RunningAttempt)} == {CANONICAL, QS}
 
 
-def test_a_canonical_cluster_is_read_in_one_statement(engine: sa.Engine) -> None:
-    """Routing canonical: no queue-storage statement is sent (the receipts cannot exist)."""
+@pytest.mark.parametrize(("phase", "round_trips"), [("canonical", 1), ("mixed_transition", 2)])
+def test_round_trips(engine: sa.Engine, phase: str, round_trips: int) -> None:
+    """One statement while routing is canonical (no receipt can exist), two once it is not."""
     statements: list[str] = []
     with engine.begin() as conn:
         insert_job(conn)
+        awa_sa_schema.set_phase(conn, phase, QS)
     sa.event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
     [attempt] = running_attempts(engine)
     assert attempt.storage == CANONICAL
-    assert len([s for s in statements if "jobs_hot" in s or "lease_claims" in s]) == 1
+    assert len(statements) == round_trips, statements
+    assert ("lease_claims" in statements[-1]) is (round_trips == 2)
 
 
 @pytest.mark.parametrize("driver", ["psycopg2", "pg8000", "asyncpg", "psycopg-async"])

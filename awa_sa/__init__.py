@@ -23,6 +23,8 @@ The same attempt settled again, now in a batch: the guard no longer matches, not
 """
 
 from awa_sa.errors import (
+    AmbiguousAttempt,
+    AttemptNotFound,
     AwaSAError,
     DatabaseError,
     InvalidSchemaName,
@@ -44,10 +46,13 @@ from awa_sa.kinds import (
     Stale,
 )
 from awa_sa.reschedule import reschedule_canonical_attempt, reschedule_canonical_attempts
-from awa_sa.running import RunningAttempt, running_attempts
+from awa_sa.running import CANONICAL, RunningAttempt, attempt_of, running_attempts
 
 __all__ = [
+    "CANONICAL",
+    "AmbiguousAttempt",
     "Attempt",
+    "AttemptNotFound",
     "AwaSAError",
     "CancelledDuplicate",
     "DatabaseError",
@@ -65,6 +70,7 @@ __all__ = [
     "Stale",
     "UniqueConflict",
     "ValidationError",
+    "attempt_of",
     "reschedule_canonical_attempt",
     "reschedule_canonical_attempts",
     "running_attempts",

@@ -27,7 +27,7 @@ aborted by PostgreSQL (a failed canonical statement), and the caller must roll i
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -123,6 +123,35 @@ class NotAnAwaDatabase(DatabaseError):
             f"not an Awa v040 database ({message}); build it with `awa migrate` (awa-cli 0.6.x)",
             sqlstate,
         )
+
+
+class AttemptNotFound(AwaSAError, LookupError):
+    """No running attempt is the job's current claim, in either storage plane.
+
+    The claim was settled (by its worker, a rescue, a cancel or awa-sa) or claimed again with
+    a later attempt since the job was handed over; nothing was read that could be settled.
+    """
+
+    def __init__(self, job_id: int, attempt: int) -> None:
+        super().__init__(f"no running attempt {attempt} of job {job_id} matches it exactly")
+        self.job_id = job_id
+        self.attempt = attempt
+
+
+class AmbiguousAttempt(AwaSAError, LookupError):
+    """More than one running attempt matches the job on every attribute it carries.
+
+    Two planes' jobs would have to share id, attempt, kind, queue and enqueue time to the
+    microsecond; awa-sa refuses to pick one. ``candidates`` are the matching attempts.
+    """
+
+    def __init__(self, job_id: int, attempt: int, candidates: Sequence[object]) -> None:
+        super().__init__(
+            f"{len(candidates)} running attempts match attempt {attempt} of job {job_id}"
+        )
+        self.job_id = job_id
+        self.attempt = attempt
+        self.candidates = tuple(candidates)
 
 
 def translate_db_error(exc: sqlalchemy.exc.DBAPIError) -> AwaSAError:

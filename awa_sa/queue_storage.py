@@ -24,8 +24,9 @@ from sqlalchemy import (
     SmallInteger,
     Table,
     Text,
+    Uuid,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, INT8MULTIRANGE, JSONB
 
 from awa_sa.errors import InvalidSchemaName
 from awa_sa.internals import SchemaTranslatedFunction
@@ -166,3 +167,175 @@ class ensure_lane_sequences(SchemaTranslatedFunction):
     inherit_cache = True
     name = "ensure_lane_sequences"
     schema = QS_PLACEHOLDER
+
+
+# The receipt plane: what a queue-storage runtime claims, and what closes a claim. awa-sa reads
+# these to list running attempts (awa_sa.running); it never writes them.
+
+ready_entries = Table(
+    "ready_entries",
+    metadata,
+    Column("ready_slot", Integer, nullable=False),
+    Column("ready_generation", BigInteger, nullable=False),
+    Column("job_id", BigInteger, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("queue", Text, nullable=False),
+    Column("args", JSONB, nullable=False),
+    Column("priority", SmallInteger, nullable=False),
+    Column("attempt", SmallInteger, nullable=False),
+    Column("run_lease", BigInteger, nullable=False),
+    Column("max_attempts", SmallInteger, nullable=False),
+    Column("lane_seq", BigInteger, nullable=False),
+    Column("enqueue_shard", SmallInteger, nullable=False),
+    Column("run_at", Timestamp, nullable=False),
+    Column("attempted_at", Timestamp),
+    Column("created_at", Timestamp, nullable=False),
+    Column("unique_key", LargeBinary),
+    Column("unique_states", Text),
+    Column("payload", JSONB),
+    PrimaryKeyConstraint(*_LANE_KEY),
+)
+"""A job as enqueued; a claim leaves the row as it was (the receipt points at it)."""
+
+lease_claims = Table(
+    "lease_claims",
+    metadata,
+    Column("claim_slot", Integer, nullable=False),
+    Column("receipt_id", BigInteger, nullable=False),
+    Column("job_id", BigInteger, nullable=False),
+    Column("run_lease", BigInteger, nullable=False),
+    Column("ready_slot", Integer, nullable=False),
+    Column("ready_generation", BigInteger, nullable=False),
+    Column("queue", Text, nullable=False),
+    Column("priority", SmallInteger, nullable=False),
+    Column("attempt", SmallInteger, nullable=False),
+    Column("max_attempts", SmallInteger, nullable=False),
+    Column("lane_seq", BigInteger, nullable=False),
+    Column("enqueue_shard", SmallInteger, nullable=False),
+    Column("claimed_at", Timestamp, nullable=False),
+    Column("materialized_at", Timestamp),
+    Column("closed_at", Timestamp),
+    Column("deadline_at", Timestamp),
+    PrimaryKeyConstraint("claim_slot", "job_id", "run_lease"),
+)
+"""One receipt per claim on a queue with a deadline. ``priority`` is the claim's effective
+(aged) priority, not necessarily the lane's; ``receipt_id`` is unique across the schema."""
+
+lease_claim_batches = Table(
+    "lease_claim_batches",
+    metadata,
+    Column("claim_slot", Integer, nullable=False),
+    Column("batch_id", BigInteger, nullable=False),
+    Column("ready_slot", Integer, nullable=False),
+    Column("ready_generation", BigInteger, nullable=False),
+    Column("queue", Text, nullable=False),
+    Column("priority", SmallInteger, nullable=False),
+    Column("enqueue_shard", SmallInteger, nullable=False),
+    Column("claimed_count", Integer, nullable=False),
+    Column("job_ids", ARRAY(BigInteger), nullable=False),
+    Column("run_leases", ARRAY(BigInteger), nullable=False),
+    Column("receipt_ids", ARRAY(BigInteger), nullable=False),
+    Column("receipt_ranges", INT8MULTIRANGE, nullable=False),
+    Column("lane_seqs", ARRAY(BigInteger), nullable=False),
+    Column("attempts", ARRAY(SmallInteger), nullable=False),
+    Column("max_attempts", ARRAY(SmallInteger), nullable=False),
+    Column("deadline_at", Timestamp),
+    Column("claimed_at", Timestamp, nullable=False),
+    PrimaryKeyConstraint("claim_slot", "batch_id"),
+)
+"""The compact receipts of one claim on a queue without a deadline: parallel arrays, one
+position per job (the claim's ``claim_batch_index`` is the 1-based position)."""
+
+lease_claim_closures = Table(
+    "lease_claim_closures",
+    metadata,
+    Column("claim_slot", Integer, nullable=False),
+    Column("job_id", BigInteger, nullable=False),
+    Column("run_lease", BigInteger, nullable=False),
+    Column("outcome", Text, nullable=False),
+    Column("closed_at", Timestamp, nullable=False),
+    PrimaryKeyConstraint("claim_slot", "job_id", "run_lease"),
+)
+
+lease_claim_closure_batches = Table(
+    "lease_claim_closure_batches",
+    metadata,
+    Column("claim_slot", Integer, nullable=False),
+    Column("ready_slot", Integer),
+    Column("ready_generation", BigInteger),
+    Column("batch_id", BigInteger, nullable=False),
+    Column("outcome", Text, nullable=False),
+    Column("closed_count", Integer, nullable=False),
+    Column("receipt_ids", ARRAY(BigInteger), nullable=False),
+    Column("receipt_ranges", INT8MULTIRANGE, nullable=False),
+    Column("closed_at", Timestamp, nullable=False),
+    PrimaryKeyConstraint("claim_slot", "batch_id"),
+)
+"""Closes receipts by ``receipt_id`` range, whichever table holds the receipt."""
+
+leases = Table(
+    "leases",
+    metadata,
+    Column("lease_slot", Integer, nullable=False),
+    Column("lease_generation", BigInteger, nullable=False),
+    Column("ready_slot", Integer, nullable=False),
+    Column("ready_generation", BigInteger, nullable=False),
+    Column("job_id", BigInteger, nullable=False),
+    Column("queue", Text, nullable=False),
+    Column("state", job_state, nullable=False),
+    Column("priority", SmallInteger, nullable=False),
+    Column("attempt", SmallInteger, nullable=False),
+    Column("run_lease", BigInteger, nullable=False),
+    Column("max_attempts", SmallInteger, nullable=False),
+    Column("lane_seq", BigInteger, nullable=False),
+    Column("enqueue_shard", SmallInteger, nullable=False),
+    Column("heartbeat_at", Timestamp),
+    Column("deadline_at", Timestamp),
+    Column("attempted_at", Timestamp),
+    Column("callback_id", Uuid),
+    Column("callback_timeout_at", Timestamp),
+    PrimaryKeyConstraint("lease_slot", "queue", "priority", "enqueue_shard", "lane_seq"),
+)
+"""A claim materialised into a lease (``register_callback`` does it); its receipt stays open,
+with ``materialized_at`` set."""
+
+dlq_entries = Table(
+    "dlq_entries",
+    metadata,
+    Column("job_id", BigInteger, primary_key=True),
+    Column("kind", Text, nullable=False),
+    Column("queue", Text, nullable=False),
+    Column("args", JSONB, nullable=False),
+    Column("state", job_state, nullable=False),
+    Column("priority", SmallInteger, nullable=False),
+    Column("attempt", SmallInteger, nullable=False),
+    Column("run_lease", BigInteger, nullable=False),
+    Column("max_attempts", SmallInteger, nullable=False),
+    Column("run_at", Timestamp, nullable=False),
+    Column("attempted_at", Timestamp),
+    Column("finalized_at", Timestamp, nullable=False),
+    Column("created_at", Timestamp, nullable=False),
+    Column("unique_key", LargeBinary),
+    Column("unique_states", Text),
+    Column("payload", JSONB),
+    Column("dlq_reason", Text, nullable=False),
+    Column("dlq_at", Timestamp, nullable=False),
+    Column("original_run_lease", BigInteger, nullable=False),
+)
+
+attempt_state = Table(
+    "attempt_state",
+    metadata,
+    Column("job_id", BigInteger, nullable=False),
+    Column("run_lease", BigInteger, nullable=False),
+    Column("heartbeat_at", Timestamp),
+    Column("progress", JSONB),
+    Column("callback_filter", Text),
+    Column("callback_on_complete", Text),
+    Column("callback_on_fail", Text),
+    Column("callback_transform", Text),
+    Column("callback_result", JSONB),
+    Column("updated_at", Timestamp, nullable=False),
+    PrimaryKeyConstraint("job_id", "run_lease"),
+)
+"""Per-attempt mutable state of a receipt: its heartbeats land here (none at claim time)."""

@@ -1,9 +1,32 @@
-"""Where ``(job_id, run_lease)`` come from: the running attempts of ``awa.jobs_hot``.
+"""Where ``(job_id, run_lease)`` come from: the running attempts of both storage planes.
 
 A reschedule needs the pair a claim left. An Awa worker's handler knows its job's id and
 attempt but not the lease (awa-pg's ``Job`` does not expose it); an admin tool knows neither.
-Both read it here, from the row the claim wrote. The statement is built once and takes every
-filter as a parameter (NULL: no filter), so it is compiled once whatever a caller asks.
+Both read it here, from the rows the claim wrote.
+
+During and after a storage transition a cluster has two planes, and their ids collide:
+canonical jobs draw ids from ``awa.jobs_id_seq``, queue-storage jobs from ``<qs>.job_id_seq``,
+both starting at 1, and both planes start ``run_lease`` at 1. ``(job_id, run_lease)`` alone can
+therefore name two running attempts at once, so every attempt listed here names its plane
+(``storage``) and, on queue storage, the receipt that identifies its claim exactly.
+
+* **Canonical**: a ``running`` row of ``awa.jobs_hot``.
+* **Queue storage** (the routing schema, once routing is queue storage): an open receipt. A
+  claim on a queue with a deadline writes one ``lease_claims`` row; on a queue without one it
+  writes one position of a compact ``lease_claim_batches`` row. A receipt is open while no
+  closure evidence names it: no ``lease_claim_closures`` row, no ``lease_claim_closure_batches``
+  range holding its ``receipt_id``, no ``closed_at``, and no ``done_entries``,
+  ``deferred_jobs`` or ``dlq_entries`` row under its ``(job_id, run_lease)`` (this is how Awa's
+  own runtime enumerates running receipts). A receipt that ``register_callback`` materialised
+  into ``leases`` is listed from its ``leases`` row while that row is ``running`` (its handler
+  is still running: the same attempt a canonical ``jobs_hot`` row with a callback id is), and
+  not once it is ``waiting_external``. Kind, args and created_at come from the job's
+  ``ready_entries`` row, which a claim leaves as it was; the heartbeat from ``attempt_state``,
+  falling back to the claim time as Awa's rescue does.
+
+Every statement is built once and takes every filter as a parameter (NULL: no filter), so it
+is compiled once whatever a caller asks; the queue-storage one reaches its schema only
+through ``schema_translate_map``.
 """
 
 from __future__ import annotations
@@ -11,31 +34,66 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Connection,
     Engine,
+    Integer,
     Interval,
+    Row,
     Select,
     SmallInteger,
+    Subquery,
     Text,
+    and_,
     bindparam,
     cast,
+    column,
+    exists,
     func,
+    null,
     or_,
     select,
+    true,
+    union_all,
 )
 from sqlalchemy.sql.elements import ColumnElement
 
-from awa_sa.errors import translated
-from awa_sa.tables import jobs_hot
+from awa_sa.errors import AmbiguousAttempt, AttemptNotFound, ValidationError, translated
+from awa_sa.queue_storage import (
+    attempt_state,
+    deferred_jobs,
+    dlq_entries,
+    done_entries,
+    lease_claim_batches,
+    lease_claim_closure_batches,
+    lease_claim_closures,
+    lease_claims,
+    leases,
+    ready_entries,
+    translate_map,
+)
+from awa_sa.tables import Timestamp, jobs_hot
+
+CANONICAL = "canonical"
+"""``RunningAttempt.storage`` of an attempt in ``awa.jobs_hot``."""
 
 
 @dataclass(frozen=True, slots=True)
 class RunningAttempt:
-    """One running attempt, as a reschedule and an admin screen need it."""
+    """One running attempt, as a reschedule, a settle and an admin screen need it.
+
+    ``storage`` is the plane that holds it: :data:`CANONICAL`, or the name of the
+    queue-storage schema. The claim is ``(job_id, run_lease)`` within that plane; on queue
+    storage ``claim_slot`` and ``receipt_id`` name its receipt (``receipt_id`` is unique in
+    the schema), and a compact receipt also has ``claim_batch_id`` and ``claim_batch_index``
+    (its 1-based position in the ``lease_claim_batches`` row). All four are None on the
+    canonical plane, and for a materialised lease whose receipt was a compact one (a lease is
+    matched to its receipt through ``lease_claims`` only).
+    """
 
     job_id: int
     run_lease: int
@@ -49,42 +107,342 @@ class RunningAttempt:
     deadline_at: datetime | None
     running_for: timedelta
     """``now() - attempted_at`` on the database's clock, as of the query."""
+    storage: str
+    created_at: datetime
+    """When the job was enqueued: with ``job_id``, ``kind`` and ``queue`` it tells two planes'
+    jobs apart even where their ids and leases collide."""
+    args: Any
+    claim_slot: int | None = None
+    receipt_id: int | None = None
+    claim_batch_id: int | None = None
+    claim_batch_index: int | None = None
+
+    @property
+    def on_queue_storage(self) -> bool:
+        """Whether the attempt is a queue-storage receipt (awa-sa cannot settle those yet)."""
+        return self.storage != CANONICAL
+
+
+_COLUMNS = (
+    "job_id",
+    "run_lease",
+    "kind",
+    "queue",
+    "args",
+    "created_at",
+    "attempt",
+    "max_attempts",
+    "attempted_at",
+    "heartbeat_at",
+    "deadline_at",
+    "claim_slot",
+    "receipt_id",
+    "claim_batch_id",
+    "claim_batch_index",
+)
+"""What every leg selects, in this order (a UNION ALL matches columns by position)."""
+
+
+def _none(name: str, type_: Any) -> ColumnElement[Any]:
+    return cast(null(), type_).label(name)
+
+
+def _param(name: str, type_: Any) -> ColumnElement[Any]:
+    return cast(bindparam(name, type_=type_), type_)
 
 
 def _filter(name: str, type_: Any, match: Any) -> ColumnElement[bool]:
     """``value IS NULL OR <match>``: a parameter left NULL filters nothing."""
-    value = cast(bindparam(name, type_=type_), type_)
+    value = _param(name, type_)
     return or_(value.is_(None), match(value))
 
 
-@cache
-def running_attempts_query() -> Select[Any]:
-    """Running attempts, oldest claim first, filtered by the ``f_*`` parameters."""
-    t = jobs_hot
+def _listed(attempts: Subquery, *leading: ColumnElement[Any]) -> Select[Any]:
+    """The attempts of *attempts* that pass every ``f_*`` filter, oldest claim first."""
+    a = attempts.c
     return (
+        select(
+            *leading,
+            *(a[name] for name in _COLUMNS),
+            (func.now() - a.attempted_at).label("running_for"),
+        )
+        .where(
+            _filter("f_queue", Text, lambda v: a.queue == v),
+            _filter("f_kind", Text, lambda v: a.kind == v),
+            _filter("f_running_for", Interval, lambda v: a.attempted_at <= func.now() - v),
+            _filter("f_job_id", BigInteger, lambda v: a.job_id == v),
+            _filter("f_attempt", SmallInteger, lambda v: a.attempt == v),
+            _filter("f_created_at", Timestamp, lambda v: a.created_at == v),
+        )
+        .order_by(a.attempted_at, a.job_id)
+        .limit(_param("f_limit", BigInteger))
+    )
+
+
+@cache
+def canonical_attempts() -> Select[Any]:
+    """The canonical running attempts, and the routing schema, in one statement.
+
+    One row at least: the routing schema (NULL unless routing is queue storage) left-joined
+    with the filtered attempts, so a canonical cluster is read in one round trip.
+    """
+    t = jobs_hot
+    running = (
         select(
             t.c.id.label("job_id"),
             t.c.run_lease,
             t.c.kind,
             t.c.queue,
+            t.c.args,
+            t.c.created_at,
             t.c.attempt,
             t.c.max_attempts,
             t.c.attempted_at,
             t.c.heartbeat_at,
             t.c.deadline_at,
-            (func.now() - t.c.attempted_at).label("running_for"),
+            _none("claim_slot", Integer),
+            _none("receipt_id", BigInteger),
+            _none("claim_batch_id", BigInteger),
+            _none("claim_batch_index", Integer),
+        )
+        .where(t.c.state == "running")
+        .subquery("running")
+    )
+    listed = _listed(running).subquery("listed")
+    routing = select(func.awa.active_queue_storage_schema().label("routing")).subquery("routing")
+    return (
+        select(routing.c.routing, *(listed.c[name] for name in (*_COLUMNS, "running_for")))
+        .select_from(routing.outerjoin(listed, true()))
+        .order_by(listed.c.attempted_at, listed.c.job_id)
+    )
+
+
+def _settled(
+    job_id: ColumnElement[Any], run_lease: ColumnElement[Any]
+) -> list[ColumnElement[bool]]:
+    """Evidence under the attempt's ``(job_id, run_lease)`` that it has ended."""
+    return [
+        exists().where(table.c.job_id == job_id, table.c.run_lease == run_lease)
+        for table in (done_entries, deferred_jobs, dlq_entries, leases)
+    ]
+
+
+def _closed(
+    claim_slot: ColumnElement[Any],
+    job_id: ColumnElement[Any],
+    run_lease: ColumnElement[Any],
+    receipt_id: ColumnElement[Any],
+    *,
+    in_slot: bool,
+) -> ColumnElement[bool]:
+    """Whether a receipt is closed (a materialised lease counts: it is listed from ``leases``).
+
+    A row receipt's closure batch is found by its ``receipt_id`` alone, a compact receipt's
+    within its claim slot, as Awa's runtime looks them up.
+    """
+    closures = lease_claim_closures
+    ranges = lease_claim_closure_batches
+    in_range = ranges.c.receipt_ranges.op("@>", return_type=Boolean)(receipt_id)
+    return or_(
+        exists().where(
+            closures.c.claim_slot == claim_slot,
+            closures.c.job_id == job_id,
+            closures.c.run_lease == run_lease,
+        ),
+        exists().where(in_range, *([ranges.c.claim_slot == claim_slot] if in_slot else [])),
+        *_settled(job_id, run_lease),
+    )
+
+
+def _ready_of(place: Any, lane_seq: Any, job_id: Any) -> ColumnElement[bool]:
+    """The job's ``ready_entries`` row, by its place in the lane (*place*: a claim's columns).
+
+    Not by priority: a receipt records the claim's effective (aged) priority, which can differ
+    from the lane's; the job id keeps two lanes' equal sequence numbers apart.
+    """
+    ready = ready_entries.c
+    return and_(
+        ready.ready_slot == place.ready_slot,
+        ready.ready_generation == place.ready_generation,
+        ready.queue == place.queue,
+        ready.enqueue_shard == place.enqueue_shard,
+        ready.lane_seq == lane_seq,
+        ready.job_id == job_id,
+    )
+
+
+def _heartbeat(
+    job_id: ColumnElement[Any], run_lease: ColumnElement[Any], fallback: ColumnElement[Any]
+) -> ColumnElement[Any]:
+    beat = (
+        select(attempt_state.c.heartbeat_at)
+        .where(attempt_state.c.job_id == job_id, attempt_state.c.run_lease == run_lease)
+        .scalar_subquery()
+    )
+    return func.coalesce(beat, fallback).label("heartbeat_at")
+
+
+@cache
+def queue_storage_attempts() -> Select[Any]:
+    """The open receipts of one queue-storage schema (compile it with its translate map)."""
+    ready = ready_entries
+    c = lease_claims
+    row_receipts = (
+        select(
+            c.c.job_id,
+            c.c.run_lease,
+            ready.c.kind,
+            c.c.queue,
+            ready.c.args,
+            ready.c.created_at,
+            c.c.attempt,
+            c.c.max_attempts,
+            c.c.claimed_at.label("attempted_at"),
+            _heartbeat(c.c.job_id, c.c.run_lease, c.c.claimed_at),
+            c.c.deadline_at,
+            c.c.claim_slot,
+            c.c.receipt_id,
+            _none("claim_batch_id", BigInteger),
+            _none("claim_batch_index", Integer),
+        )
+        .select_from(
+            c.join(
+                ready,
+                _ready_of(c.c, c.c.lane_seq, c.c.job_id),
+            )
         )
         .where(
-            t.c.state == "running",
-            _filter("f_queue", Text, lambda v: t.c.queue == v),
-            _filter("f_kind", Text, lambda v: t.c.kind == v),
-            _filter("f_running_for", Interval, lambda v: t.c.attempted_at <= func.now() - v),
-            _filter("f_job_id", BigInteger, lambda v: t.c.id == v),
-            _filter("f_attempt", SmallInteger, lambda v: t.c.attempt == v),
+            c.c.closed_at.is_(None),
+            ~_closed(c.c.claim_slot, c.c.job_id, c.c.run_lease, c.c.receipt_id, in_slot=False),
         )
-        .order_by(t.c.attempted_at, t.c.id)
-        .limit(cast(bindparam("f_limit", type_=BigInteger), BigInteger))
     )
+
+    b = lease_claim_batches
+    items = (
+        func.unnest(
+            b.c.job_ids,
+            b.c.run_leases,
+            b.c.receipt_ids,
+            b.c.lane_seqs,
+            b.c.attempts,
+            b.c.max_attempts,
+        )
+        .table_valued(
+            column("job_id", BigInteger),
+            column("run_lease", BigInteger),
+            column("receipt_id", BigInteger),
+            column("lane_seq", BigInteger),
+            column("attempt", SmallInteger),
+            column("max_attempts", SmallInteger),
+            with_ordinality="position",
+        )
+        .render_derived(name="items")
+    )
+    i = items.c
+    compact_receipts = (
+        select(
+            i.job_id,
+            i.run_lease,
+            ready.c.kind,
+            b.c.queue,
+            ready.c.args,
+            ready.c.created_at,
+            i.attempt,
+            i.max_attempts,
+            b.c.claimed_at.label("attempted_at"),
+            _heartbeat(i.job_id, i.run_lease, b.c.claimed_at),
+            b.c.deadline_at,
+            b.c.claim_slot,
+            i.receipt_id,
+            b.c.batch_id.label("claim_batch_id"),
+            cast(i.position, Integer).label("claim_batch_index"),
+        )
+        .select_from(
+            b.join(items, true()).join(
+                ready,
+                _ready_of(b.c, i.lane_seq, i.job_id),
+            )
+        )
+        .where(~_closed(b.c.claim_slot, i.job_id, i.run_lease, i.receipt_id, in_slot=True))
+    )
+
+    lease = leases
+    receipt = lease_claims.alias("receipt")
+    materialised = (
+        select(
+            lease.c.job_id,
+            lease.c.run_lease,
+            ready.c.kind,
+            lease.c.queue,
+            ready.c.args,
+            ready.c.created_at,
+            lease.c.attempt,
+            lease.c.max_attempts,
+            lease.c.attempted_at,
+            _heartbeat(lease.c.job_id, lease.c.run_lease, lease.c.heartbeat_at),
+            lease.c.deadline_at,
+            receipt.c.claim_slot,
+            receipt.c.receipt_id,
+            _none("claim_batch_id", BigInteger),
+            _none("claim_batch_index", Integer),
+        )
+        .select_from(
+            lease.join(
+                ready,
+                _ready_of(lease.c, lease.c.lane_seq, lease.c.job_id),
+            ).outerjoin(
+                receipt,
+                and_(
+                    receipt.c.job_id == lease.c.job_id,
+                    receipt.c.run_lease == lease.c.run_lease,
+                ),
+            )
+        )
+        .where(lease.c.state == "running")
+    )
+    attempts = union_all(row_receipts, compact_receipts, materialised).subquery("attempts")
+    return _listed(attempts)
+
+
+class JobLike(Protocol):
+    """What :func:`attempt_of` reads from a job: awa-pg's ``Job`` has all of it."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def queue(self) -> str: ...
+    @property
+    def created_at(self) -> str | datetime: ...
+
+
+def _attempt(row: Row[Any], storage: str) -> RunningAttempt:
+    values = {name: row._mapping[name] for name in (*_COLUMNS, "running_for")}
+    return RunningAttempt(storage=storage, **values)
+
+
+def _read(conn: Connection, params: dict[str, Any]) -> list[RunningAttempt]:
+    rows = conn.execute(canonical_attempts(), params).all()
+    routing: str | None = rows[0].routing
+    found = [_attempt(row, CANONICAL) for row in rows if row.job_id is not None]
+    if routing is None:
+        return found
+    options = {"schema_translate_map": translate_map(routing)}
+    receipts = conn.execute(queue_storage_attempts(), params, execution_options=options).all()
+    found += [_attempt(row, routing) for row in receipts]
+    found.sort(key=lambda a: (a.attempted_at, a.job_id, a.on_queue_storage))
+    return found if params["f_limit"] is None else found[: params["f_limit"]]
+
+
+def _list(bind: Engine | Connection, params: dict[str, Any]) -> list[RunningAttempt]:
+    with translated():
+        if isinstance(bind, Engine):
+            with bind.connect() as conn:
+                return _read(conn, params)
+        return _read(bind, params)
 
 
 def running_attempts(
@@ -97,12 +455,17 @@ def running_attempts(
     attempt: int | None = None,
     limit: int | None = None,
 ) -> list[RunningAttempt]:
-    """The running attempts of ``awa.jobs_hot`` that match every filter given, oldest first.
+    """The running attempts of both planes that match every filter given, oldest claim first.
 
     ``running_for`` keeps the attempts claimed at least that long ago. ``job_id`` with
-    ``attempt`` is how a handler finds its own lease: a claim after a rescue bumps the attempt,
-    so it cannot hand over the lease of a later claim. A ``Connection`` reads in its
-    transaction; an ``Engine`` opens one connection for the read. From async code:
+    ``attempt`` narrows to one job's current claim *per plane*: during a transition the same
+    pair can name a canonical and a queue-storage attempt, both listed, each with its
+    ``storage``; a handler should use :func:`attempt_of`, which matches its job exactly.
+
+    Round trips: one on a cluster whose routing is canonical (the attempts of ``awa.jobs_hot``
+    and the routing schema in one statement), two once routing is queue storage (then the
+    open receipts of the routing schema). A ``Connection`` reads in its transaction; an
+    ``Engine`` opens one connection for the reads. From async code:
     ``await conn.run_sync(running_attempts, ...)``.
     """
     params = {
@@ -111,12 +474,64 @@ def running_attempts(
         "f_running_for": running_for,
         "f_job_id": job_id,
         "f_attempt": attempt,
+        "f_created_at": None,
         "f_limit": limit,
     }
-    with translated():
-        if isinstance(bind, Engine):
-            with bind.connect() as conn:
-                rows = conn.execute(running_attempts_query(), params).all()
-        else:
-            rows = bind.execute(running_attempts_query(), params).all()
-    return [RunningAttempt(**row._mapping) for row in rows]
+    return _list(bind, params)
+
+
+def _created_at(job: Any) -> datetime:
+    """The job's ``created_at`` as a datetime: awa-pg gives RFC 3339 text, lossless to the µs."""
+    value = getattr(job, "created_at", None)
+    if isinstance(value, datetime):
+        stamp = value
+    elif isinstance(value, str):
+        try:
+            stamp = datetime.fromisoformat(value)
+        except ValueError:
+            raise ValidationError(f"job.created_at is not an RFC 3339 time: {value!r}") from None
+    else:
+        raise ValidationError(f"job.created_at must be a datetime or RFC 3339 text: {value!r}")
+    if stamp.tzinfo is None:
+        raise ValidationError(f"job.created_at has no time zone: {value!r}")
+    return stamp
+
+
+def _identity(job: Any) -> dict[str, Any]:
+    """The filters that name *job*'s claim: every attribute a handler's job carries."""
+    values = {}
+    for name, key, type_ in (
+        ("id", "f_job_id", int),
+        ("attempt", "f_attempt", int),
+        ("kind", "f_kind", str),
+        ("queue", "f_queue", str),
+    ):
+        value = getattr(job, name, None)
+        if not isinstance(value, type_) or isinstance(value, bool):
+            raise ValidationError(f"job.{name} must be {type_.__name__}: {value!r}")
+        values[key] = value
+    return {**values, "f_created_at": _created_at(job), "f_running_for": None, "f_limit": None}
+
+
+def attempt_of(bind: Engine | Connection, job: JobLike | Any) -> RunningAttempt:
+    """The running attempt that is *job*'s current claim, in whichever plane holds it.
+
+    *job* is the awa-pg ``Job`` a handler received, or any object with its ``id``,
+    ``attempt``, ``kind``, ``queue`` and ``created_at`` (RFC 3339 text or an aware datetime).
+    Every one of them must match: during a storage transition a canonical and a
+    queue-storage job can share ``id`` and ``attempt`` (and their leases), and only kind,
+    queue and the enqueue time tell them apart.
+
+    Raises :class:`AttemptNotFound` when nothing running matches (the claim was settled,
+    rescued or re-claimed since), :class:`AmbiguousAttempt` when more than one does, and
+    :class:`ValidationError` for a job lacking those attributes. The statements and round
+    trips are :func:`running_attempts`'s. From async code:
+    ``await conn.run_sync(attempt_of, job)``.
+    """
+    params = _identity(job)
+    found = _list(bind, params)
+    if not found:
+        raise AttemptNotFound(params["f_job_id"], params["f_attempt"])
+    if len(found) > 1:
+        raise AmbiguousAttempt(params["f_job_id"], params["f_attempt"], found)
+    return found[0]

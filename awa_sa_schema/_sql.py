@@ -13,10 +13,11 @@ import sqlalchemy as sa
 
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 
-# The longest name the substrate derives from S is ``idx_<S>_done_15_failed_queue`` (S plus 25
-# characters). PostgreSQL silently truncates identifiers beyond 63 bytes, which would give
-# indexes names that no longer embed S the way v040 does, so such names are refused up front.
-MAX_SCHEMA_NAME_LENGTH = 63 - len("idx__done_15_failed_queue")
+# The longest name the substrate derives from S is
+# ``idx_<S>_lease_claim_closure_batches_7_receipt_ranges`` (S plus 49 characters). PostgreSQL
+# silently truncates identifiers beyond 63 bytes, which would give indexes names that no longer
+# embed S the way v040 does (and two of them the same name), so such names are refused up front.
+MAX_SCHEMA_NAME_LENGTH = 63 - len("idx__lease_claim_closure_batches_7_receipt_ranges")
 
 
 def run_sql(connection: sa.Connection, sql: str) -> None:

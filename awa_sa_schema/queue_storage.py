@@ -94,6 +94,11 @@ def uninstall_queue_storage(connection: sa.Connection, schema: str) -> None:
         connection,
         f"""
 DROP FUNCTION IF EXISTS {q}.ensure_lane_sequences(text, smallint, smallint);
+DROP TABLE IF EXISTS {q}.dlq_entries, {q}.attempt_state, {q}.leases,
+    {q}.lease_claim_closure_batches, {q}.lease_claim_closures, {q}.lease_claim_batches,
+    {q}.lease_claims;
+DROP SEQUENCE IF EXISTS {q}.lease_claim_closure_batch_id_seq, {q}.lease_claim_batch_id_seq,
+    {q}.lease_claim_receipt_id_seq;
 DROP TABLE IF EXISTS {q}.queue_claim_heads, {q}.queue_enqueue_heads, {q}.queue_lanes,
     {q}.queue_ring_state, {q}.queue_terminal_count_deltas, {q}.done_entries,
     {q}.ready_entries, {q}.deferred_jobs;

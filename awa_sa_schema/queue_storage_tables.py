@@ -12,6 +12,10 @@ from ._sql import ident
 
 # v040 installs 16 ring slots; every ready_slot value needs a partition or inserts fail.
 SLOT_COUNT = 16
+# The receipt plane is partitioned by claim slot, materialised leases by lease slot: 8 each in
+# the default substrate (install_queue_storage_substrate('awa', 16, 8, 8, true)).
+CLAIM_SLOT_COUNT = 8
+LEASE_SLOT_COUNT = 8
 
 # Reloptions exactly as v040 stores them (the text is kept verbatim, so "0.0" stays "0.0").
 _HOT_ROW_OPTIONS = (
@@ -212,6 +216,238 @@ VALUES (0, 0, {SLOT_COUNT}, now());
 """
 
 
+_CLAIM_BATCHES_COMMENT = (
+    "Append-only compact receipt-claim ledger. Zero-deadline receipt claims can store one row "
+    "per claim batch here instead of one lease_claims row per job; cold paths expand by "
+    "receipt_id and materialize only when needed."
+)
+
+_CLOSURE_BATCHES_COMMENT = (
+    "Append-only compact closure evidence for high-volume receipt completions. Each row closes "
+    "a batch of immutable receipt claims by receipt_id, whether those claims live as row-local "
+    "lease_claims rows or compact lease_claim_batches items, and is reclaimed with the matching "
+    "claim-slot partition."
+)
+
+
+def _per_slot(count: int, ddl: str) -> str:
+    return "".join(ddl.format(n=n) for n in range(count))
+
+
+def _receipts(s: str, q: str) -> str:
+    """The receipt plane: the claims a queue-storage runtime holds, and what closes them.
+
+    awa-sa only reads these (running attempts are the open receipts), but a running attempt is
+    told apart from a settled one by every kind of closure evidence, so all of it is here, and
+    ``attempt_state``, where a receipt's heartbeats go.
+    Indexes declared on a parent are named by PostgreSQL on each partition, as in v040; the
+    per-partition ``idx_<S>_...`` indexes are v040's own per-child ones.
+    """
+    hot = _HOT_ROW_OPTIONS.format(n=200)
+    attempt_state_options = hot.replace("fillfactor = 50", "fillfactor = 80")
+    lease_claims = _per_slot(
+        CLAIM_SLOT_COUNT,
+        f"CREATE TABLE {q}.lease_claims_{{n}} PARTITION OF {q}.lease_claims "
+        f"FOR VALUES IN ({{n}}) WITH ({hot});\n",
+    )
+    claim_batches = _per_slot(
+        CLAIM_SLOT_COUNT,
+        f"""
+CREATE TABLE {q}.lease_claim_batches_{{n}} PARTITION OF {q}.lease_claim_batches
+    FOR VALUES IN ({{n}});
+CREATE INDEX idx_{s}_lease_claim_batches_{{n}}_ready_ref
+    ON {q}.lease_claim_batches_{{n}} (ready_slot, ready_generation);
+CREATE INDEX idx_{s}_lease_claim_batches_{{n}}_receipt_ranges
+    ON {q}.lease_claim_batches_{{n}} USING gist (receipt_ranges);
+CREATE INDEX idx_{s}_lease_claim_batches_{{n}}_rescue_cursor
+    ON {q}.lease_claim_batches_{{n}} (claimed_at, batch_id);
+""",
+    )
+    closures = _per_slot(
+        CLAIM_SLOT_COUNT,
+        f"CREATE TABLE {q}.lease_claim_closures_{{n}} PARTITION OF {q}.lease_claim_closures "
+        f"FOR VALUES IN ({{n}});\n",
+    )
+    closure_batches = _per_slot(
+        CLAIM_SLOT_COUNT,
+        f"""
+CREATE TABLE {q}.lease_claim_closure_batches_{{n}} PARTITION OF {q}.lease_claim_closure_batches
+    FOR VALUES IN ({{n}});
+CREATE INDEX idx_{s}_lease_claim_closure_batches_{{n}}_ready_ref
+    ON {q}.lease_claim_closure_batches_{{n}} (ready_slot, ready_generation)
+    WHERE ready_slot IS NOT NULL;
+CREATE INDEX idx_{s}_lease_claim_closure_batches_{{n}}_receipt_ranges
+    ON {q}.lease_claim_closure_batches_{{n}} USING gist (receipt_ranges);
+""",
+    )
+    leases = _per_slot(
+        LEASE_SLOT_COUNT,
+        f"""
+CREATE TABLE {q}.leases_{{n}} PARTITION OF {q}.leases FOR VALUES IN ({{n}}) WITH ({hot});
+CREATE INDEX idx_{s}_leases_{{n}}_callback ON {q}.leases_{{n}} (callback_id);
+CREATE INDEX idx_{s}_leases_{{n}}_job ON {q}.leases_{{n}} (job_id, run_lease);
+CREATE INDEX idx_{s}_leases_{{n}}_lane_shard
+    ON {q}.leases_{{n}} (queue, priority, enqueue_shard, lane_seq);
+CREATE INDEX idx_{s}_leases_{{n}}_ready_ref ON {q}.leases_{{n}} (ready_slot, ready_generation);
+CREATE INDEX idx_{s}_leases_{{n}}_state_callback_timeout
+    ON {q}.leases_{{n}} (state, callback_timeout_at);
+CREATE INDEX idx_{s}_leases_{{n}}_state_deadline ON {q}.leases_{{n}} (state, deadline_at);
+""",
+    )
+    return f"""
+CREATE SEQUENCE {q}.lease_claim_receipt_id_seq AS bigint START 1 CACHE 1;
+CREATE SEQUENCE {q}.lease_claim_batch_id_seq AS bigint START 1 CACHE 1;
+CREATE SEQUENCE {q}.lease_claim_closure_batch_id_seq AS bigint START 1 CACHE 1;
+
+CREATE TABLE {q}.lease_claims (
+    claim_slot       integer     NOT NULL,
+    receipt_id       bigint      NOT NULL DEFAULT nextval('{s}.lease_claim_receipt_id_seq'),
+    job_id           bigint      NOT NULL,
+    run_lease        bigint      NOT NULL,
+    ready_slot       integer     NOT NULL,
+    ready_generation bigint      NOT NULL,
+    queue            text        NOT NULL,
+    priority         smallint    NOT NULL,
+    attempt          smallint    NOT NULL,
+    max_attempts     smallint    NOT NULL,
+    lane_seq         bigint      NOT NULL,
+    enqueue_shard    smallint    NOT NULL DEFAULT 0,
+    claimed_at       timestamptz NOT NULL DEFAULT clock_timestamp(),
+    materialized_at  timestamptz,
+    closed_at        timestamptz,
+    deadline_at      timestamptz,
+    CONSTRAINT lease_claims_pkey PRIMARY KEY (claim_slot, job_id, run_lease)
+) PARTITION BY LIST (claim_slot);
+CREATE INDEX idx_{s}_lease_claims_deadline_brin ON {q}.lease_claims
+    USING brin (deadline_at) WITH (pages_per_range = 16);
+CREATE INDEX idx_{s}_lease_claims_deadline_cursor ON {q}.lease_claims
+    (deadline_at, job_id, run_lease) WHERE deadline_at IS NOT NULL;
+CREATE INDEX idx_{s}_lease_claims_job_run ON {q}.lease_claims (job_id, run_lease);
+CREATE INDEX idx_{s}_lease_claims_ready_ref ON {q}.lease_claims (ready_slot, ready_generation);
+CREATE INDEX idx_{s}_lease_claims_rescue_cursor ON {q}.lease_claims
+    (claimed_at, job_id, run_lease);
+CREATE INDEX idx_{s}_lease_claims_stale ON {q}.lease_claims
+    (materialized_at, claimed_at, job_id);
+{lease_claims}
+CREATE TABLE {q}.lease_claim_batches (
+    claim_slot       integer        NOT NULL,
+    batch_id         bigint         NOT NULL DEFAULT nextval('{s}.lease_claim_batch_id_seq'),
+    ready_slot       integer        NOT NULL,
+    ready_generation bigint         NOT NULL,
+    queue            text           NOT NULL,
+    priority         smallint       NOT NULL,
+    enqueue_shard    smallint       NOT NULL DEFAULT 0,
+    claimed_count    integer        NOT NULL,
+    job_ids          bigint[]       NOT NULL,
+    run_leases       bigint[]       NOT NULL,
+    receipt_ids      bigint[]       NOT NULL,
+    receipt_ranges   int8multirange NOT NULL,
+    lane_seqs        bigint[]       NOT NULL,
+    attempts         smallint[]     NOT NULL,
+    max_attempts     smallint[]     NOT NULL,
+    deadline_at      timestamptz,
+    claimed_at       timestamptz    NOT NULL DEFAULT clock_timestamp(),
+    CONSTRAINT lease_claim_batches_pkey PRIMARY KEY (claim_slot, batch_id),
+    CONSTRAINT lease_claim_batches_claimed_count_check CHECK (claimed_count > 0),
+    CONSTRAINT lease_claim_batches_check CHECK (claimed_count = cardinality(job_ids)),
+    CONSTRAINT lease_claim_batches_check1 CHECK (claimed_count = cardinality(run_leases)),
+    CONSTRAINT lease_claim_batches_check2 CHECK (claimed_count = cardinality(receipt_ids)),
+    CONSTRAINT lease_claim_batches_check3 CHECK (claimed_count = cardinality(lane_seqs)),
+    CONSTRAINT lease_claim_batches_check4 CHECK (claimed_count = cardinality(attempts)),
+    CONSTRAINT lease_claim_batches_check5 CHECK (claimed_count = cardinality(max_attempts))
+) PARTITION BY LIST (claim_slot);
+COMMENT ON TABLE {q}.lease_claim_batches IS '{_CLAIM_BATCHES_COMMENT}';
+{claim_batches}
+CREATE TABLE {q}.lease_claim_closures (
+    claim_slot integer     NOT NULL,
+    job_id     bigint      NOT NULL,
+    run_lease  bigint      NOT NULL,
+    outcome    text        NOT NULL,
+    closed_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    CONSTRAINT lease_claim_closures_pkey PRIMARY KEY (claim_slot, job_id, run_lease)
+) PARTITION BY LIST (claim_slot);
+CREATE INDEX idx_{s}_lease_claim_closures_job_run ON {q}.lease_claim_closures
+    (job_id, run_lease);
+{closures}
+CREATE TABLE {q}.lease_claim_closure_batches (
+    claim_slot       integer        NOT NULL,
+    ready_slot       integer,
+    ready_generation bigint,
+    batch_id         bigint         NOT NULL
+        DEFAULT nextval('{s}.lease_claim_closure_batch_id_seq'),
+    outcome          text           NOT NULL,
+    closed_count     integer        NOT NULL,
+    receipt_ids      bigint[]       NOT NULL,
+    receipt_ranges   int8multirange NOT NULL,
+    closed_at        timestamptz    NOT NULL DEFAULT clock_timestamp(),
+    CONSTRAINT lease_claim_closure_batches_pkey PRIMARY KEY (claim_slot, batch_id),
+    CONSTRAINT lease_claim_closure_batches_closed_count_check CHECK (closed_count > 0),
+    CONSTRAINT lease_claim_closure_batches_check CHECK (closed_count = cardinality(receipt_ids))
+) PARTITION BY LIST (claim_slot);
+COMMENT ON TABLE {q}.lease_claim_closure_batches IS '{_CLOSURE_BATCHES_COMMENT}';
+{closure_batches}
+CREATE TABLE {q}.leases (
+    lease_slot          integer       NOT NULL,
+    lease_generation    bigint        NOT NULL,
+    ready_slot          integer       NOT NULL,
+    ready_generation    bigint        NOT NULL,
+    job_id              bigint        NOT NULL,
+    queue               text          NOT NULL,
+    state               awa.job_state NOT NULL DEFAULT 'running',
+    priority            smallint      NOT NULL,
+    attempt             smallint      NOT NULL DEFAULT 1,
+    run_lease           bigint        NOT NULL DEFAULT 1,
+    max_attempts        smallint      NOT NULL DEFAULT 25,
+    lane_seq            bigint        NOT NULL,
+    enqueue_shard       smallint      NOT NULL DEFAULT 0,
+    heartbeat_at        timestamptz,
+    deadline_at         timestamptz,
+    attempted_at        timestamptz,
+    callback_id         uuid,
+    callback_timeout_at timestamptz,
+    CONSTRAINT leases_pkey PRIMARY KEY (lease_slot, queue, priority, enqueue_shard, lane_seq)
+) PARTITION BY LIST (lease_slot);
+{leases}
+CREATE TABLE {q}.attempt_state (
+    job_id               bigint      NOT NULL,
+    run_lease            bigint      NOT NULL,
+    heartbeat_at         timestamptz,
+    progress             jsonb,
+    callback_filter      text,
+    callback_on_complete text,
+    callback_on_fail     text,
+    callback_transform   text,
+    callback_result      jsonb,
+    updated_at           timestamptz NOT NULL DEFAULT clock_timestamp(),
+    CONSTRAINT attempt_state_pkey PRIMARY KEY (job_id, run_lease)
+) WITH ({attempt_state_options});
+
+CREATE TABLE {q}.dlq_entries (
+    job_id             bigint        NOT NULL,
+    kind               text          NOT NULL,
+    queue              text          NOT NULL,
+    args               jsonb         NOT NULL DEFAULT '{{}}',
+    state              awa.job_state NOT NULL DEFAULT 'failed',
+    priority           smallint      NOT NULL,
+    attempt            smallint      NOT NULL DEFAULT 1,
+    run_lease          bigint        NOT NULL DEFAULT 1,
+    max_attempts       smallint      NOT NULL DEFAULT 25,
+    run_at             timestamptz   NOT NULL DEFAULT clock_timestamp(),
+    attempted_at       timestamptz,
+    finalized_at       timestamptz   NOT NULL DEFAULT clock_timestamp(),
+    created_at         timestamptz   NOT NULL DEFAULT clock_timestamp(),
+    unique_key         bytea,
+    unique_states      text,
+    payload            jsonb,
+    dlq_reason         text          NOT NULL,
+    dlq_at             timestamptz   NOT NULL DEFAULT clock_timestamp(),
+    original_run_lease bigint        NOT NULL,
+    CONSTRAINT dlq_entries_pkey PRIMARY KEY (job_id)
+);
+CREATE INDEX idx_{s}_dlq_queue_time ON {q}.dlq_entries (queue, dlq_at DESC);
+"""
+
+
 def tables_sql(schema: str) -> tuple[str, ...]:
     """The table DDL for *schema*, which the caller has already vetted."""
     q = ident(schema)
@@ -221,4 +457,5 @@ def tables_sql(schema: str) -> tuple[str, ...]:
         _done_entries(schema, q),
         _terminal_count_deltas(q),
         _lanes_and_ring(q),
+        _receipts(schema, q),
     )

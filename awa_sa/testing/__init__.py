@@ -7,6 +7,8 @@ These helpers work on any ``Connection`` to such a database, inside its transact
 
 * :func:`running_attempt` -- a job in ``awa.jobs_hot`` as a worker's claim leaves it;
 * :func:`contested_attempt` -- one whose unique key a newer duplicate holds;
+* :func:`queue_storage_attempt` -- a receipt in a queue-storage schema, as a runtime's claim
+  leaves it (:func:`job_of` gives the job its handler would receive);
 * :func:`set_phase` -- a storage transition phase, as ``awa storage ...`` leaves it;
 * :func:`locate` -- where a job is now (:class:`Location`).
 
@@ -18,6 +20,7 @@ from awa_sa.testing.attempts import ContestedAttempt, contested_attempt, running
 from awa_sa.testing.drivers import installed_async_drivers
 from awa_sa.testing.locate import Location, locate
 from awa_sa.testing.phases import Phase, set_phase
+from awa_sa.testing.receipts import job_of, queue_storage_attempt
 
 __all__ = [
     "ContestedAttempt",
@@ -25,7 +28,9 @@ __all__ = [
     "Phase",
     "contested_attempt",
     "installed_async_drivers",
+    "job_of",
     "locate",
+    "queue_storage_attempt",
     "running_attempt",
     "set_phase",
 ]

@@ -14,6 +14,13 @@ both the way it does:
   (whole seconds, at least one each), and never less than 30 seconds. awa-pg 0.6's runtimes
   report ``queue_storage`` or ``canonical_drain_only`` and never block it.
 
+It also says which plane the cluster's attempts are on and what awa-sa can do with them
+(:attr:`ClusterStatus.plane`, :func:`explain`), and whether the cluster is still *fresh*: a
+cluster ``awa migrate`` left canonical is finalized straight to queue storage by the first
+``auto`` runtime that starts while ``awa.jobs`` is empty and no runtime was seen in the last
+90 seconds (``awa.storage_auto_finalize_if_fresh``), so a service that starts its worker before
+enqueuing anything never has a canonical attempt.
+
 Everything runs in one ``READ ONLY`` transaction that is rolled back: looking must never write,
 and a single snapshot keeps the phase and the counts consistent with each other.
 """
@@ -72,6 +79,39 @@ UNPATCHED_FAMILY = "awa-cli 0.6.6-0.6.7"
 
 TERMINAL_STATES = frozenset({"completed", "failed", "cancelled"})
 """States that do not count towards the finalize gate in ``jobs_hot``."""
+
+FRESH_WINDOW_SECS = 90
+"""``awa.storage_auto_finalize_if_fresh`` declines while any runtime was seen this recently."""
+
+PLANES = {
+    "canonical": "canonical",
+    "prepared": "prepared",
+    "mixed_transition": "mixed",
+    "active": "queue storage",
+}
+"""The plane a transition phase puts attempts on, in the words the README uses."""
+
+WHAT_AWA_SA_CAN_DO = {
+    "canonical": (
+        "every running attempt is a row of awa.jobs_hot: awa-sa lists, resolves and "
+        "re-schedules them"
+    ),
+    "prepared": (
+        "routing is still canonical, so every running attempt is a row of awa.jobs_hot: awa-sa "
+        "lists, resolves and re-schedules them"
+    ),
+    "mixed": (
+        "attempts claimed before the flip still run in awa.jobs_hot and awa-sa re-schedules "
+        "them; new claims are queue-storage receipts, which awa-sa lists and resolves "
+        "(running_attempts, attempt_of) but cannot settle yet"
+    ),
+    "queue storage": (
+        "new claims are queue-storage receipts, which awa-sa lists and resolves "
+        "(running_attempts, attempt_of) but cannot settle yet; canonical attempts left from "
+        "before the flip still re-schedule"
+    ),
+}
+"""What awa-sa 0.x can do with the running attempts of each plane."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +172,41 @@ class ClusterStatus:
     runtimes: tuple[Runtime, ...] | None = None
     """The live runtimes, by finalize's rule; None when ``awa.runtime_instances`` does not exist
     (the test fixture omits it)."""
+    recent_runtimes: int | None = None
+    """Runtimes seen within :data:`FRESH_WINDOW_SECS` (auto-finalize's own window, which is not
+    finalize's); None without ``awa.runtime_instances``."""
+
+    @property
+    def plane(self) -> str:
+        """Where attempts are: ``canonical``, ``prepared``, ``mixed`` or ``queue storage``.
+
+        An aborted transition is back to ``canonical``; a phase Awa never writes reads as
+        itself.
+        """
+        return PLANES.get(self.phase, self.phase)
+
+    @property
+    def jobs(self) -> int:
+        """What ``SELECT count(*) FROM awa.jobs`` answers while routing is canonical.
+
+        The view shows ``awa.jobs_hot`` and ``awa.scheduled_jobs`` then, terminal rows
+        included, and auto-finalize counts them all.
+        """
+        return sum(self.jobs_hot.values()) + sum(self.scheduled_jobs.values())
+
+    @property
+    def auto_finalizes(self) -> bool | None:
+        """Whether the first ``auto`` runtime to start now would finalize to queue storage.
+
+        ``awa.storage_auto_finalize_if_fresh`` does so when the phase is ``canonical`` with no
+        prepared engine, ``awa.jobs`` is empty and no runtime was seen in the last 90 s. None
+        when that last condition cannot be read (no ``awa.runtime_instances``).
+        """
+        if self.phase != "canonical" or self.prepared_engine is not None or self.jobs:
+            return False
+        if self.recent_runtimes is None:
+            return None
+        return self.recent_runtimes == 0
 
     @property
     def canonical_live_backlog(self) -> int:
@@ -173,6 +248,10 @@ class ClusterStatus:
             else [runtime.as_dict() for runtime in self.runtimes],
             "finalize_blocked_by": [runtime.name for runtime in self.finalize_blockers],
             "finalize_ready": self.finalize_ready,
+            "plane": self.plane,
+            "awa_sa": WHAT_AWA_SA_CAN_DO.get(self.plane),
+            "runtimes_seen_in_90s": self.recent_runtimes,
+            "auto_finalizes_on_first_auto_runtime": self.auto_finalizes,
         }
 
 
@@ -267,6 +346,43 @@ def live_runtimes(conn: sa.Connection) -> tuple[Runtime, ...] | None:
     )
 
 
+def recent_runtimes(conn: sa.Connection) -> int | None:
+    """How many runtimes were seen within auto-finalize's window; None without the table."""
+    if not _regclass_exists(conn, "awa.runtime_instances"):
+        return None
+    ri = runtime_instances
+    window = sa.func.make_interval(0, 0, 0, 0, 0, 0, FRESH_WINDOW_SECS)
+    seen = sa.select(sa.func.count()).where(ri.c.last_seen_at + window >= sa.func.now())
+    return int(conn.execute(seen).scalar_one())
+
+
+def explain(st: ClusterStatus) -> tuple[str, ...]:
+    """The plane, what awa-sa can do there, and whether the cluster is fresh, as status lines."""
+    lines = [f"plane        {st.plane}: {WHAT_AWA_SA_CAN_DO.get(st.plane, 'unknown phase')}"]
+    fresh = st.auto_finalizes
+    if st.phase not in ("canonical", "prepared"):
+        return tuple(lines)  # past the gate: auto-finalize runs only on a canonical cluster
+    if st.prepared_engine is not None or st.phase == "prepared":
+        why = f"stays canonical: {st.prepared_engine or 'an engine'} is prepared"
+    elif st.jobs:
+        why = f"stays canonical: awa.jobs holds {st.jobs} job(s)"
+    elif fresh is None:
+        why = (
+            "awa.jobs is empty; whether a runtime was seen in the last 90 s is not recorded "
+            "(no awa.runtime_instances table)"
+        )
+    elif fresh:
+        why = (
+            "the first `auto` runtime to start finalizes it to queue storage (awa.jobs is "
+            "empty, no runtime seen in the last 90 s); enqueue first, or run "
+            "`awa storage prepare`, to stay canonical"
+        )
+    else:
+        why = f"stays canonical for now: {st.recent_runtimes} runtime(s) seen in the last 90 s"
+    lines.append(f"fresh        {why}")
+    return tuple(lines)
+
+
 def read_status_in(conn: sa.Connection) -> ClusterStatus:
     """Read the status inside the caller's transaction.
 
@@ -307,6 +423,7 @@ def read_status_in(conn: sa.Connection) -> ClusterStatus:
         scheduled_jobs=_counts_by_state(conn, scheduled_jobs),
         deferred_jobs=deferred,
         runtimes=live_runtimes(conn),
+        recent_runtimes=recent_runtimes(conn),
     )
 
 

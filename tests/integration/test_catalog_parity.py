@@ -57,7 +57,8 @@ OMITTED: dict[str, str] = {
     ),
     f"function awa.storage_enter_mixed_transition() {_TRANSITIONS}": _STORAGE_FUNCTIONS,
     f"function awa.storage_abort() {_TRANSITIONS}": (
-        _STORAGE_FUNCTIONS + "; it also counts rows in 14 tables the fixture omits"
+        _STORAGE_FUNCTIONS
+        + "; it also counts rows in 14 queue-storage tables, 5 of which the fixture omits"
     ),
     f"function awa.storage_finalize() {_TRANSITIONS}": _STORAGE_FUNCTIONS,
     "function awa.storage_auto_finalize_if_fresh(p_schema text) RETURNS boolean": (

@@ -20,7 +20,7 @@ import pytest
 import sqlalchemy as sa
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-EXAMPLE_URL = re.compile(r'"postgresql\+(psycopg|asyncpg)://awa@db\.internal/awa"')
+EXAMPLE_URL = re.compile(r'"postgresql\+(psycopg|asyncpg)://app@db\.internal/awa"')
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
 SHELL = re.findall(r"```sh\n(.*?)```", README.read_text(), re.S)
 QUICKSTART_TEST = 1

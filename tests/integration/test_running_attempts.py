@@ -1,7 +1,8 @@
 """``running_attempts`` against attempts a real Awa worker claimed (awa-pg 0.6.9, its runtime).
 
-Two places hand over ``(job_id, run_lease)``: a handler of the worker itself, which knows its
-job's id and attempt but not the lease, and an admin tool, which knows neither. Both are played
+Two places hand over ``(job_id, run_lease)``: a handler of the worker itself, which has its
+job but not the lease (it resolves the job with ``attempt_of``), and an admin tool, which knows
+neither (it lists ``running_attempts``). Both are played
 here on an ``awa migrate`` cluster, and the rows are read back after the worker has shut down:
 the runtime's own completion of an attempt awa-sa already settled must change nothing.
 """
@@ -20,10 +21,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import awa_sa.asyncio as awa_async
 from awa_sa import (
+    CANONICAL,
     Attempt,
     Rescheduled,
     RetryAfter,
     Snooze,
+    attempt_of,
     reschedule_canonical_attempts,
     running_attempts,
 )
@@ -133,6 +136,7 @@ def test_an_admin_tool_lists_and_snoozes_what_the_worker_holds(
         ("mail", "mail", 1),
     ]
     assert {a.job_id: a.run_lease for a in every} == seen["leases"]
+    assert {a.storage for a in every} == {CANONICAL}  # routing is canonical: one plane
     assert all(a.running_for >= dt.timedelta(0) and a.heartbeat_at is not None for a in every)
     assert [a.attempted_at for a in every] == sorted(a.attempted_at for a in every)
     assert [a.kind for a in seen["mail"]] == ["mail", "mail"]
@@ -154,15 +158,17 @@ def test_a_handler_finds_its_lease_and_retries_with_an_audit_row(
         conn.exec_driver_sql("CREATE TABLE audit (job_id bigint, outcome text)")
     engine: dict[str, AsyncEngine] = {}
 
-    async def retries(job: Any) -> None:
-        # What a service's handler does when its work failed: find the claim's lease, retry
-        # later, and write its audit row in the same transaction.
+    async def retries(job: Any) -> Any:
+        # What a service's handler does when its work failed (docs/attempts.md): find the
+        # claim, retry later, and write its audit row in the same transaction.
         if "engine" not in engine:
             engine["engine"] = create_async_engine(real_db_url, poolclass=sa.NullPool)
         async with engine["engine"].begin() as conn:
-            (mine,) = await conn.run_sync(running_attempts, job_id=job.id, attempt=job.attempt)
+            mine = await conn.run_sync(attempt_of, job)
+            if mine.on_queue_storage:
+                return awa.RetryAfter(600)  # awa-sa cannot settle a queue-storage attempt yet
             outcome = await awa_async.reschedule_canonical_attempt(
-                conn, job.id, mine.run_lease, RetryAfter(3600), error={"error": "smtp down"}
+                conn, mine.job_id, mine.run_lease, RetryAfter(3600), error={"error": "smtp down"}
             )
             await conn.execute(
                 sa.text("INSERT INTO audit VALUES (:id, :outcome)"),
@@ -173,7 +179,7 @@ def test_a_handler_finds_its_lease_and_retries_with_an_audit_row(
     with real_engine.connect() as conn:
         audit = sorted(conn.exec_driver_sql("SELECT outcome FROM audit").scalars())
         errors = conn.exec_driver_sql("SELECT errors FROM awa.scheduled_jobs").scalars().all()
-    assert audit == ["Rescheduled", "Rescheduled"]
+    assert audit == ["Rescheduled", "Rescheduled"]  # both canonical: never the early return
     assert [e[-1]["error"] for e in errors] == ["smtp down", "smtp down"]
     assert placement(real_engine) == {
         "invoice": [("jobs_hot", "completed")],

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
+import awa
 import pytest
 import sqlalchemy as sa
 from conftest import Cluster
@@ -12,7 +17,13 @@ import awa_sa_schema
 from awa_sa import queue_storage as qs
 from awa_sa.tables import jobs_hot, scheduled_jobs
 from awa_sa.tools.errors import NotAnAwaCluster, UnsupportedSchemaVersion
-from awa_sa.tools.status import read_status, read_status_in, schema_version
+from awa_sa.tools.status import (
+    WHAT_AWA_SA_CAN_DO,
+    explain,
+    read_status,
+    read_status_in,
+    schema_version,
+)
 
 # phase -> (state, epoch, routing) as awa's CLI leaves them, routing to awa_qs once flipped.
 EXPECTED = {
@@ -188,3 +199,125 @@ def test_wrong_schema_version(engine: sa.Engine, version: int | None) -> None:
     with pytest.raises(UnsupportedSchemaVersion, match="supports v040") as info:
         read_status(engine)
     assert info.value.version == version
+
+
+# --- the plane, and whether a fresh cluster auto-finalizes --------------------------------
+
+PLANE = {
+    "canonical": "canonical",
+    "prepared": "prepared",
+    "mixed_transition": "mixed",
+    "active": "queue storage",
+    "aborted": "canonical",
+}
+
+
+@pytest.mark.parametrize("phase", sorted(PLANE))
+def test_the_plane_and_what_awa_sa_can_do_there(cluster: Cluster, phase: str) -> None:
+    cluster.set_phase(phase, "awa_qs")
+    st = read_status(cluster.engine)
+    assert st.plane == st.as_dict()["plane"] == PLANE[phase]
+    assert st.as_dict()["awa_sa"] == WHAT_AWA_SA_CAN_DO[PLANE[phase]]
+    [plane, *rest] = explain(st)
+    assert plane == f"plane        {PLANE[phase]}: {WHAT_AWA_SA_CAN_DO[PLANE[phase]]}"
+    if phase in ("mixed_transition", "active"):
+        assert "cannot settle yet" in plane
+        assert rest == []
+    if phase == "prepared":
+        assert st.auto_finalizes is False
+        assert rest == ["fresh        stays canonical: queue_storage is prepared"]
+
+
+def test_the_fixture_cannot_tell_whether_a_runtime_was_seen(engine: sa.Engine) -> None:
+    """The fixture omits awa.runtime_instances: fresh is "unknown", not a guess."""
+    st = read_status(engine)
+    assert (st.recent_runtimes, st.auto_finalizes) == (None, None)
+    assert explain(st)[1].startswith("fresh        awa.jobs is empty; whether a runtime")
+    with engine.begin() as conn:
+        add_canonical(conn, jobs_hot, ["completed"])  # terminal rows count too
+    st = read_status(engine)
+    assert st.auto_finalizes is False
+    assert explain(st)[1] == "fresh        stays canonical: awa.jobs holds 1 job(s)"
+
+
+@dataclass
+class Noop:
+    n: int
+
+
+def start_and_stop_an_auto_runtime(url: str) -> None:
+    """What a service does first: start its worker (role auto, every default)."""
+
+    async def run() -> None:
+        client = awa.AsyncClient(
+            sa.make_url(url).set(drivername="postgresql").render_as_string(False)
+        )
+
+        @client.task(Noop, queue="fresh_q")
+        async def handle(job: Any) -> None:
+            return None
+
+        await client.start([("fresh_q", 1)])
+        await client.shutdown()
+        await client.close()
+
+    asyncio.run(run())
+
+
+def seen_runtime(engine: sa.Engine, secs_ago: int) -> None:
+    """A runtime's snapshot row, last written *secs_ago* seconds ago."""
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO awa.runtime_instances (instance_id, hostname, pid, version, "
+                " started_at, last_seen_at, snapshot_interval_ms, healthy, postgres_connected, "
+                " poll_loop_alive, heartbeat_alive, shutting_down, leader) "
+                "VALUES (:id, 'earlier-worker', 4242, '0.6.9', now() - interval '1 hour', "
+                " now() - make_interval(secs => :ago), 10000, true, true, true, true, false, false)"
+            ),
+            {"id": uuid.uuid4(), "ago": secs_ago},
+        )
+
+
+def insert_terminal(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        add_canonical(conn, jobs_hot, ["completed"])
+
+
+def phase_row(engine: sa.Engine) -> tuple[str, str, dict[str, Any]]:
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.text("SELECT state, current_engine, details FROM awa.storage_transition_state")
+        ).one()
+    return row.state, row.current_engine, row.details
+
+
+@pytest.mark.parametrize(
+    ("setup", "finalizes"),
+    [
+        pytest.param(lambda engine: None, True, id="fresh"),
+        pytest.param(insert_terminal, False, id="one-completed-job"),
+        pytest.param(lambda engine: seen_runtime(engine, 60), False, id="runtime-seen-60s-ago"),
+        pytest.param(lambda engine: seen_runtime(engine, 120), True, id="runtime-seen-120s-ago"),
+    ],
+)
+def test_status_says_whether_the_first_auto_runtime_finalizes_and_it_does(
+    real_engine: sa.Engine,
+    real_db_url: str,
+    setup: Callable[[sa.Engine], None],
+    finalizes: bool,
+) -> None:
+    """The verdict, then a real awa-pg 0.6.9 ``auto`` runtime started on the same cluster."""
+    setup(real_engine)
+    st = read_status(real_engine)
+    assert st.auto_finalizes is finalizes
+    assert ("first `auto` runtime to start finalizes it" in explain(st)[1]) is finalizes
+    start_and_stop_an_auto_runtime(real_db_url)
+    state, engine_now, details = phase_row(real_engine)
+    if finalizes:
+        assert (state, engine_now) == ("active", "queue_storage")
+        assert details == {"schema": "awa", "auto_finalized": True}
+        assert read_status(real_engine).plane == "queue storage"
+    else:
+        assert (state, engine_now) == ("canonical", "canonical")
+        assert read_status(real_engine).plane == "canonical"

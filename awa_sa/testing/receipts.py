@@ -1,0 +1,264 @@
+"""Seed a running queue-storage attempt the way Awa 0.6.9's enqueue and claim leave it.
+
+On queue storage a job is enqueued into ``S.ready_entries`` (under the next id of
+``S.job_id_seq`` and the next sequence number of its lane), and a runtime's claim on a queue
+with a deadline writes a receipt into ``S.lease_claims``: ``attempt`` and ``run_lease`` one
+above the ready row's, the ready row left as it was, the lane's claim sequence advanced past it.
+:func:`queue_storage_attempt` writes those two rows and moves those sequences, so a service's
+test can hand its handler a queue-storage job and check what it does with one (awa-sa lists and
+resolves it, but cannot settle it yet). The suite compares the rows with a real claim.
+
+Every statement is built once and reaches the schema through ``schema_translate_map``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from functools import cache
+from types import SimpleNamespace
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB, REGCLASS
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from awa_sa import queue_storage as qs
+from awa_sa.errors import ValidationError
+from awa_sa.running import RunningAttempt, running_attempts
+from awa_sa.testing.attempts import DEFAULT_DEADLINE_SECS
+from awa_sa.testing.phases import DEFAULT_SCHEMA
+
+_SHARD = 0
+
+
+def _value(name: str, type_: Any) -> sa.ColumnElement[Any]:
+    return sa.cast(sa.bindparam(name, type_=type_), type_)
+
+
+def _lane() -> dict[str, sa.ColumnElement[Any]]:
+    return {"queue": _value("b_queue", sa.Text), "priority": _value("b_priority", sa.SmallInteger)}
+
+
+@cache
+def _lane_rows() -> tuple[sa.Insert, ...]:
+    """The lane and its two head rows; the heads' triggers create the lane sequences."""
+    head = {**_lane(), "enqueue_shard": sa.literal_column(str(_SHARD))}
+    return (
+        pg_insert(qs.queue_lanes).values(_lane()).on_conflict_do_nothing(),
+        pg_insert(qs.queue_enqueue_heads).values(head).on_conflict_do_nothing(),
+        pg_insert(qs.queue_claim_heads).values(head).on_conflict_do_nothing(),
+    )
+
+
+@cache
+def _sequences() -> sa.Select[Any]:
+    """The lane's enqueue and claim sequence names."""
+    enqueue, claim = qs.queue_enqueue_heads, qs.queue_claim_heads
+    lane = _lane()
+    return (
+        sa.select(enqueue.c.seq_name.label("enqueue"), claim.c.seq_name.label("claim"))
+        .select_from(
+            enqueue.join(
+                claim,
+                sa.and_(
+                    claim.c.queue == enqueue.c.queue,
+                    claim.c.priority == enqueue.c.priority,
+                    claim.c.enqueue_shard == enqueue.c.enqueue_shard,
+                ),
+            )
+        )
+        .where(
+            enqueue.c.queue == lane["queue"],
+            enqueue.c.priority == lane["priority"],
+            enqueue.c.enqueue_shard == _SHARD,
+        )
+    )
+
+
+@cache
+def _enqueue() -> sa.Insert:
+    """The ready row, in the ring's current slot, under the next id and lane sequence number."""
+    ready, ring = qs.ready_entries, qs.queue_ring_state
+    source = sa.select(
+        ring.c.current_slot,
+        ring.c.generation,
+        qs.job_id_seq.next_value(),
+        _value("b_kind", sa.Text),
+        _lane()["queue"],
+        _value("b_args", JSONB),
+        _lane()["priority"],
+        _value("b_ready_attempt", sa.SmallInteger),
+        _value("b_ready_lease", sa.BigInteger),
+        _value("b_max_attempts", sa.SmallInteger),
+        sa.func.nextval(_value("b_enqueue_seq", REGCLASS)),
+        sa.literal_column(str(_SHARD)),
+        _value("b_payload", JSONB),
+    ).where(ring.c.singleton)
+    columns = [
+        "ready_slot",
+        "ready_generation",
+        "job_id",
+        "kind",
+        "queue",
+        "args",
+        "priority",
+        "attempt",
+        "run_lease",
+        "max_attempts",
+        "lane_seq",
+        "enqueue_shard",
+        "payload",
+    ]
+    return (
+        sa.insert(ready)
+        .from_select(columns, source)
+        .returning(ready.c.job_id, ready.c.lane_seq, ready.c.ready_slot, ready.c.ready_generation)
+    )
+
+
+@cache
+def _claim() -> sa.Insert:
+    """The receipt a claim on a queue with a deadline writes."""
+    claims = qs.lease_claims
+    return (
+        sa.insert(claims)
+        .values(
+            claim_slot=sa.literal_column("0"),
+            job_id=_value("b_job_id", sa.BigInteger),
+            run_lease=_value("b_run_lease", sa.BigInteger),
+            ready_slot=_value("b_ready_slot", sa.Integer),
+            ready_generation=_value("b_ready_generation", sa.BigInteger),
+            queue=_lane()["queue"],
+            priority=_lane()["priority"],
+            attempt=_value("b_attempt", sa.SmallInteger),
+            max_attempts=_value("b_max_attempts", sa.SmallInteger),
+            lane_seq=_value("b_lane_seq", sa.BigInteger),
+            enqueue_shard=sa.literal_column(str(_SHARD)),
+            deadline_at=sa.func.now()
+            + sa.func.make_interval(0, 0, 0, 0, 0, 0, _value("b_deadline_secs", sa.Float)),
+        )
+        .returning(claims.c.receipt_id)
+    )
+
+
+@cache
+def _claimed_past() -> sa.Select[Any]:
+    """Move the lane's claim sequence past the claimed row (never back), as the claim does."""
+    seq = _value("b_claim_seq", REGCLASS)
+    last = sa.func.coalesce(sa.func.pg_sequence_last_value(seq), 0)
+    return sa.select(
+        sa.func.setval(seq, sa.func.greatest(_value("b_lane_seq", sa.BigInteger), last))
+    )
+
+
+@cache
+def _routing() -> sa.Select[Any]:
+    return sa.select(sa.func.awa.active_queue_storage_schema())
+
+
+def queue_storage_attempt(
+    conn: sa.Connection,
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    kind: str = "example_job",
+    queue: str = "default",
+    args: Any = None,
+    priority: int = 2,
+    attempt: int = 1,
+    max_attempts: int = 25,
+    metadata: Mapping[str, Any] | None = None,
+    tags: Sequence[str] = (),
+    deadline_secs: float = DEFAULT_DEADLINE_SECS,
+) -> RunningAttempt:
+    """Enqueue a job into *schema* and claim it as a runtime would; return its attempt.
+
+    Routing must point at *schema* first (``set_phase(conn, "mixed_transition", schema)`` or
+    ``"active"``): a runtime claims from queue storage only then, and awa-sa lists only the
+    routing schema's receipts. Runs in *conn*'s transaction and never commits. ``attempt``
+    above 1 models a job claimed again after a retry: the ready row carries the previous
+    attempt and lease. The returned :class:`~awa_sa.RunningAttempt` is read back with
+    :func:`~awa_sa.running_attempts`, so its ``created_at`` is what a handler's ``Job`` would
+    carry.
+
+        >>> from awa_sa import attempt_of
+        >>> from awa_sa.testing import job_of, queue_storage_attempt, set_phase
+        >>> with engine.begin() as conn:
+        ...     set_phase(conn, "active")
+        ...     mine = queue_storage_attempt(conn, kind="send_email", queue="mail")
+        ...     found = attempt_of(conn, job_of(mine))
+        >>> (found.storage, found.job_id == mine.job_id, found.on_queue_storage)
+        ('awa_qs', True, True)
+    """
+    if attempt < 1:
+        raise ValidationError(f"a running attempt has attempt >= 1, got {attempt}")
+    if deadline_secs <= 0:
+        raise ValidationError("a claim without a deadline writes a compact receipt: not seeded")
+    translate = {"schema_translate_map": qs.translate_map(schema)}
+    routing = conn.execute(_routing()).scalar()
+    if routing != schema:
+        raise ValidationError(
+            f"routing is {routing or 'canonical'}, not {schema}: set_phase(conn, "
+            f"'mixed_transition', {schema!r}) first"
+        )
+    lane = {"b_queue": queue, "b_priority": priority}
+    for stmt in _lane_rows():
+        conn.execute(stmt, lane, execution_options=translate)
+    seqs = conn.execute(_sequences(), lane, execution_options=translate).one()
+    payload = {
+        "tags": list(tags),
+        "errors": [],
+        "metadata": dict(metadata or {}),
+        "progress": None,
+    }
+    ready = conn.execute(
+        _enqueue(),
+        {
+            **lane,
+            "b_kind": kind,
+            "b_args": {} if args is None else args,
+            "b_ready_attempt": attempt - 1,
+            "b_ready_lease": attempt - 1,
+            "b_max_attempts": max_attempts,
+            "b_enqueue_seq": f"{schema}.{seqs.enqueue}",
+            "b_payload": payload,
+        },
+        execution_options=translate,
+    ).one()
+    conn.execute(
+        _claim(),
+        {
+            **lane,
+            "b_job_id": ready.job_id,
+            "b_run_lease": attempt,
+            "b_ready_slot": ready.ready_slot,
+            "b_ready_generation": ready.ready_generation,
+            "b_attempt": attempt,
+            "b_max_attempts": max_attempts,
+            "b_lane_seq": ready.lane_seq,
+            "b_deadline_secs": deadline_secs,
+        },
+        execution_options=translate,
+    )
+    conn.execute(
+        _claimed_past(), {"b_claim_seq": f"{schema}.{seqs.claim}", "b_lane_seq": ready.lane_seq}
+    )
+    [mine] = [
+        a
+        for a in running_attempts(conn, job_id=ready.job_id, attempt=attempt)
+        if a.storage == schema
+    ]
+    return mine
+
+
+def job_of(attempt: RunningAttempt) -> SimpleNamespace:
+    """A stand-in for the awa-pg ``Job`` a handler receives for *attempt*: what
+    :func:`~awa_sa.attempt_of` reads, ``created_at`` as awa-pg's RFC 3339 text."""
+    return SimpleNamespace(
+        id=attempt.job_id,
+        attempt=attempt.attempt,
+        kind=attempt.kind,
+        queue=attempt.queue,
+        created_at=attempt.created_at.isoformat(),
+        args=attempt.args,
+        max_attempts=attempt.max_attempts,
+    )

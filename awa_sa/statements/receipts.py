@@ -1,0 +1,341 @@
+"""The running attempts of both planes, as statements: what ``awa_sa.running`` reads.
+
+A canonical attempt is a ``running`` row of ``awa.jobs_hot``. A queue-storage attempt is an
+open receipt of the routing schema: a ``lease_claims`` row (a queue with a deadline), one
+position of a compact ``lease_claim_batches`` row (a queue without one), or a ``leases`` row
+a callback wait materialised, while it is ``running``. A receipt is open while no closure
+evidence names it, as Awa's own runtime enumerates them (docs/attempts.md). Kind, args and
+created_at come from the job's ``ready_entries`` row, which a claim leaves as it was.
+
+Every statement is built once and takes every filter as a parameter (NULL: no filter); the
+queue-storage ones reach their schema only through ``schema_translate_map``.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Integer,
+    Interval,
+    Select,
+    SmallInteger,
+    Subquery,
+    Text,
+    and_,
+    bindparam,
+    cast,
+    column,
+    exists,
+    func,
+    literal_column,
+    null,
+    or_,
+    select,
+    true,
+    union_all,
+)
+from sqlalchemy.sql.elements import ColumnElement
+
+from awa_sa.queue_storage import (
+    attempt_state,
+    deferred_jobs,
+    dlq_entries,
+    done_entries,
+    lease_claim_batches,
+    lease_claim_closure_batches,
+    lease_claim_closures,
+    lease_claims,
+    leases,
+    ready_entries,
+)
+from awa_sa.tables import Timestamp, jobs_hot
+
+COLUMNS = (
+    "job_id",
+    "run_lease",
+    "kind",
+    "queue",
+    "args",
+    "created_at",
+    "attempt",
+    "max_attempts",
+    "attempted_at",
+    "heartbeat_at",
+    "deadline_at",
+    "claim_slot",
+    "receipt_id",
+    "claim_batch_id",
+    "claim_batch_index",
+)
+"""What every leg selects, in this order (a UNION ALL matches columns by position)."""
+
+
+def _none(name: str, type_: Any) -> ColumnElement[Any]:
+    return cast(null(), type_).label(name)
+
+
+def _param(name: str, type_: Any) -> ColumnElement[Any]:
+    return cast(bindparam(name, type_=type_), type_)
+
+
+def _filter(name: str, type_: Any, match: Any) -> ColumnElement[bool]:
+    """``value IS NULL OR <match>``: a parameter left NULL filters nothing."""
+    value = _param(name, type_)
+    return or_(value.is_(None), match(value))
+
+
+def _listed(attempts: Subquery, *leading: ColumnElement[Any]) -> Select[Any]:
+    """The attempts of *attempts* that pass every ``f_*`` filter, oldest claim first."""
+    a = attempts.c
+    return (
+        select(
+            *leading,
+            *(a[name] for name in COLUMNS),
+            (func.now() - a.attempted_at).label("running_for"),
+        )
+        .where(
+            _filter("f_queue", Text, lambda v: a.queue == v),
+            _filter("f_kind", Text, lambda v: a.kind == v),
+            _filter("f_running_for", Interval, lambda v: a.attempted_at <= func.now() - v),
+            _filter("f_job_id", BigInteger, lambda v: a.job_id == v),
+            _filter("f_attempt", SmallInteger, lambda v: a.attempt == v),
+            _filter("f_created_at", Timestamp, lambda v: a.created_at == v),
+        )
+        .order_by(a.attempted_at, a.job_id)
+        .limit(_param("f_limit", BigInteger))
+    )
+
+
+@cache
+def canonical_attempts() -> Select[Any]:
+    """The canonical running attempts, and the routing schema, in one statement.
+
+    One row at least: the routing schema (NULL unless routing is queue storage) left-joined
+    with the filtered attempts, so a canonical cluster is read in one round trip.
+    """
+    t = jobs_hot
+    running = (
+        select(
+            t.c.id.label("job_id"),
+            t.c.run_lease,
+            t.c.kind,
+            t.c.queue,
+            t.c.args,
+            t.c.created_at,
+            t.c.attempt,
+            t.c.max_attempts,
+            t.c.attempted_at,
+            t.c.heartbeat_at,
+            t.c.deadline_at,
+            _none("claim_slot", Integer),
+            _none("receipt_id", BigInteger),
+            _none("claim_batch_id", BigInteger),
+            _none("claim_batch_index", Integer),
+        )
+        .where(t.c.state == "running")
+        .subquery("running")
+    )
+    listed = _listed(running).subquery("listed")
+    routing = select(func.awa.active_queue_storage_schema().label("routing")).subquery("routing")
+    return (
+        select(routing.c.routing, *(listed.c[name] for name in (*COLUMNS, "running_for")))
+        .select_from(routing.outerjoin(listed, true()))
+        .order_by(listed.c.attempted_at, listed.c.job_id)
+    )
+
+
+def _settled(
+    job_id: ColumnElement[Any], run_lease: ColumnElement[Any]
+) -> list[ColumnElement[bool]]:
+    """Evidence under the attempt's ``(job_id, run_lease)`` that it has ended."""
+    return [
+        exists().where(table.c.job_id == job_id, table.c.run_lease == run_lease)
+        for table in (done_entries, deferred_jobs, dlq_entries, leases)
+    ]
+
+
+def _closed(
+    claim_slot: ColumnElement[Any],
+    job_id: ColumnElement[Any],
+    run_lease: ColumnElement[Any],
+    receipt_id: ColumnElement[Any],
+    *,
+    in_slot: bool,
+) -> ColumnElement[bool]:
+    """Whether a receipt is closed (a materialised lease counts: it is listed from ``leases``).
+
+    A row receipt's closure batch is found by its ``receipt_id`` alone, a compact receipt's
+    within its claim slot, as Awa's runtime looks them up.
+    """
+    closures = lease_claim_closures
+    ranges = lease_claim_closure_batches
+    in_range = ranges.c.receipt_ranges.op("@>", return_type=Boolean)(receipt_id)
+    return or_(
+        exists().where(
+            closures.c.claim_slot == claim_slot,
+            closures.c.job_id == job_id,
+            closures.c.run_lease == run_lease,
+        ),
+        exists().where(in_range, *([ranges.c.claim_slot == claim_slot] if in_slot else [])),
+        *_settled(job_id, run_lease),
+    )
+
+
+def _ready_of(place: Any, lane_seq: Any, job_id: Any) -> ColumnElement[bool]:
+    """The job's ``ready_entries`` row, by its place in the lane (*place*: a claim's columns).
+
+    Not by priority: a receipt records the claim's effective (aged) priority, which can differ
+    from the lane's; the job id keeps two lanes' equal sequence numbers apart.
+    """
+    ready = ready_entries.c
+    return and_(
+        ready.ready_slot == place.ready_slot,
+        ready.ready_generation == place.ready_generation,
+        ready.queue == place.queue,
+        ready.enqueue_shard == place.enqueue_shard,
+        ready.lane_seq == lane_seq,
+        ready.job_id == job_id,
+    )
+
+
+def _heartbeat(
+    job_id: ColumnElement[Any], run_lease: ColumnElement[Any], fallback: ColumnElement[Any]
+) -> ColumnElement[Any]:
+    beat = (
+        select(attempt_state.c.heartbeat_at)
+        .where(attempt_state.c.job_id == job_id, attempt_state.c.run_lease == run_lease)
+        .scalar_subquery()
+    )
+    return func.coalesce(beat, fallback).label("heartbeat_at")
+
+
+@cache
+def queue_storage_attempts() -> Select[Any]:
+    """The open receipts of one queue-storage schema, filtered (compile it with its translate
+    map)."""
+    return _listed(open_receipts())
+
+
+@cache
+def open_receipts() -> Subquery:
+    """Every open receipt of one queue-storage schema, one row each."""
+    ready = ready_entries
+    c = lease_claims
+    row_receipts = (
+        select(
+            c.c.job_id,
+            c.c.run_lease,
+            ready.c.kind,
+            c.c.queue,
+            ready.c.args,
+            ready.c.created_at,
+            c.c.attempt,
+            c.c.max_attempts,
+            c.c.claimed_at.label("attempted_at"),
+            _heartbeat(c.c.job_id, c.c.run_lease, c.c.claimed_at),
+            c.c.deadline_at,
+            c.c.claim_slot,
+            c.c.receipt_id,
+            _none("claim_batch_id", BigInteger),
+            _none("claim_batch_index", Integer),
+        )
+        .select_from(
+            c.join(
+                ready,
+                _ready_of(c.c, c.c.lane_seq, c.c.job_id),
+            )
+        )
+        .where(
+            c.c.closed_at.is_(None),
+            ~_closed(c.c.claim_slot, c.c.job_id, c.c.run_lease, c.c.receipt_id, in_slot=False),
+        )
+    )
+
+    b = lease_claim_batches
+    items = (
+        func.unnest(
+            b.c.job_ids,
+            b.c.run_leases,
+            b.c.receipt_ids,
+            b.c.lane_seqs,
+            b.c.attempts,
+            b.c.max_attempts,
+        )
+        .table_valued(
+            column("job_id", BigInteger),
+            column("run_lease", BigInteger),
+            column("receipt_id", BigInteger),
+            column("lane_seq", BigInteger),
+            column("attempt", SmallInteger),
+            column("max_attempts", SmallInteger),
+            with_ordinality="position",
+        )
+        .render_derived(name="items")
+    )
+    i = items.c
+    compact_receipts = (
+        select(
+            i.job_id,
+            i.run_lease,
+            ready.c.kind,
+            b.c.queue,
+            ready.c.args,
+            ready.c.created_at,
+            i.attempt,
+            i.max_attempts,
+            b.c.claimed_at.label("attempted_at"),
+            _heartbeat(i.job_id, i.run_lease, b.c.claimed_at),
+            b.c.deadline_at,
+            b.c.claim_slot,
+            i.receipt_id,
+            b.c.batch_id.label("claim_batch_id"),
+            cast(i.position, Integer).label("claim_batch_index"),
+        )
+        .select_from(
+            b.join(items, true()).join(
+                ready,
+                _ready_of(b.c, i.lane_seq, i.job_id),
+            )
+        )
+        .where(~_closed(b.c.claim_slot, i.job_id, i.run_lease, i.receipt_id, in_slot=True))
+    )
+
+    lease = leases
+    receipt = lease_claims.alias("receipt")
+    materialised = (
+        select(
+            lease.c.job_id,
+            lease.c.run_lease,
+            ready.c.kind,
+            lease.c.queue,
+            ready.c.args,
+            ready.c.created_at,
+            lease.c.attempt,
+            lease.c.max_attempts,
+            lease.c.attempted_at,
+            _heartbeat(lease.c.job_id, lease.c.run_lease, lease.c.heartbeat_at),
+            lease.c.deadline_at,
+            receipt.c.claim_slot,
+            receipt.c.receipt_id,
+            _none("claim_batch_id", BigInteger),
+            _none("claim_batch_index", Integer),
+        )
+        .select_from(
+            lease.join(
+                ready,
+                _ready_of(lease.c, lease.c.lane_seq, lease.c.job_id),
+            ).outerjoin(
+                receipt,
+                and_(
+                    receipt.c.job_id == lease.c.job_id,
+                    receipt.c.run_lease == lease.c.run_lease,
+                ),
+            )
+        )
+        .where(lease.c.state == literal_column("'running'"))
+    )
+    return union_all(row_receipts, compact_receipts, materialised).subquery("attempts")

@@ -29,6 +29,7 @@ from awa_sa.errors import (
     DatabaseError,
     InvalidSchemaName,
     NotAnAwaDatabase,
+    QueueStorageAttempt,
     ReadOnlyTransaction,
     UniqueConflict,
     ValidationError,
@@ -45,7 +46,11 @@ from awa_sa.kinds import (
     Snooze,
     Stale,
 )
-from awa_sa.reschedule import reschedule_canonical_attempt, reschedule_canonical_attempts
+from awa_sa.reschedule import (
+    reschedule_canonical_attempt,
+    reschedule_canonical_attempts,
+    settle,
+)
 from awa_sa.running import CANONICAL, RunningAttempt, attempt_of, running_attempts
 
 __all__ = [
@@ -61,6 +66,7 @@ __all__ = [
     "Migrated",
     "NotAnAwaDatabase",
     "Outcome",
+    "QueueStorageAttempt",
     "ReadOnlyTransaction",
     "Rescheduled",
     "RetryAfter",
@@ -74,4 +80,5 @@ __all__ = [
     "reschedule_canonical_attempt",
     "reschedule_canonical_attempts",
     "running_attempts",
+    "settle",
 ]

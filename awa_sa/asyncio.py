@@ -30,8 +30,10 @@ from awa_sa.drivers import check_dialect
 from awa_sa.errors import ValidationError, translated
 from awa_sa.internals import greenlet_spawn
 from awa_sa.kinds import Attempt, Kind, Outcome
+from awa_sa.reschedule import settling
+from awa_sa.running import RunningAttempt
 
-__all__ = ["reschedule_canonical_attempt", "reschedule_canonical_attempts"]
+__all__ = ["reschedule_canonical_attempt", "reschedule_canonical_attempts", "settle"]
 
 
 async def reschedule_canonical_attempt(
@@ -80,6 +82,19 @@ async def reschedule_canonical_attempts(
     _check_bind(bind)
     calls = prepare_all(attempts)
     return await _within(bind, calls) if calls else []
+
+
+async def settle(
+    bind: AsyncEngine | AsyncConnection | AsyncSession,
+    attempt: RunningAttempt,
+    kind: Kind,
+    *,
+    error: Any = None,
+    progress: Any = None,
+) -> Outcome:
+    """Async :func:`awa_sa.settle`; same arguments, outcomes and errors."""
+    _check_bind(bind)
+    return (await _within(bind, [settling(attempt, kind, error, progress)]))[0]
 
 
 def _check_bind(bind: object) -> None:

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 
 from awa_sa.errors import ValidationError
 from awa_sa.kinds import Attempt, Kind, RetryAfter, RetryBackoff, Snooze, check_delay
+from awa_sa.running import RunningAttempt
 from awa_sa.statements.attempts import KindTag, MoveItem
 
 _BIGINT_MIN, _BIGINT_MAX = -(2**63), 2**63 - 1
@@ -39,11 +40,27 @@ class Call:
     def job_id(self) -> int:
         return self.item.job_id
 
+    @property
+    def bare(self) -> bool:
+        """Whether the caller named the attempt by ``(job_id, run_lease)`` alone, not by the
+        ``RunningAttempt`` it read (which names its plane, kind, queue and attempt too)."""
+        return self.item.kind is None
+
 
 def prepare(
-    job_id: object, run_lease: object, kind: object, error: object, progress: object
+    job_id: object,
+    run_lease: object,
+    kind: object,
+    error: object,
+    progress: object,
+    *,
+    named: RunningAttempt | None = None,
 ) -> Call:
-    """One attempt's arguments as a :class:`Call`, or the reason they can never succeed."""
+    """One attempt's arguments as a :class:`Call`, or the reason they can never succeed.
+
+    *named*: the canonical attempt the caller read, whose kind, queue and attempt the guard
+    checks too.
+    """
     job_id = _bigint("job_id", job_id)
     run_lease = _bigint("run_lease", run_lease)
     delay: float | None = None
@@ -69,6 +86,8 @@ def prepare(
         _json_text("error", error),
         _json_text("progress", progress),
     )
+    if named is not None:
+        item = item._replace(kind=named.kind, queue=named.queue, attempt=named.attempt)
     return Call(kind, item)
 
 

@@ -154,6 +154,32 @@ class AmbiguousAttempt(AwaSAError, LookupError):
         self.candidates = tuple(candidates)
 
 
+class QueueStorageAttempt(ValidationError):
+    """The attempt is a queue-storage one, which awa-sa cannot settle yet; nothing was written.
+
+    Raised by ``awa_sa.settle`` for a ``RunningAttempt`` of a queue-storage plane, and by the
+    canonical calls for a bare ``(job_id, run_lease)`` that names an open claim of the routing
+    schema: during a storage transition the planes' ids and leases collide, so that pair may
+    mean a different job than the canonical row it also names (``canonical_too``). Never
+    answered as ``Stale``, which means the attempt was settled already.
+    """
+
+    def __init__(self, job_id: int, run_lease: int, schema: str, *, canonical_too: bool) -> None:
+        where = f"an open claim of queue-storage schema {schema}"
+        if canonical_too:
+            also = (
+                "; it also names a running canonical attempt: pass the RunningAttempt "
+                "(awa_sa.attempt_of) to awa_sa.settle to say which"
+            )
+        else:
+            also = "; awa-sa cannot settle queue-storage attempts yet"
+        super().__init__(f"(job_id={job_id}, run_lease={run_lease}) names {where}{also}")
+        self.job_id = job_id
+        self.run_lease = run_lease
+        self.schema = schema
+        self.canonical_too = canonical_too
+
+
 def translate_db_error(exc: sqlalchemy.exc.DBAPIError) -> AwaSAError:
     """The awa-sa error for a driver error; the caller raises it ``from exc``.
 

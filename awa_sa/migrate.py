@@ -20,7 +20,13 @@ from sqlalchemy import Connection
 from awa_sa import moves
 from awa_sa.calls import Call, items
 from awa_sa.compiled import run
-from awa_sa.errors import DatabaseError, UniqueConflict, ValidationError, translated
+from awa_sa.errors import (
+    DatabaseError,
+    QueueStorageAttempt,
+    UniqueConflict,
+    ValidationError,
+    translated,
+)
 from awa_sa.kinds import CancelledDuplicate, Migrated, Outcome, Stale
 from awa_sa.statements.duplicate import (
     CLOCK,
@@ -44,11 +50,13 @@ from awa_sa.statements.migration import (
     Taken,
     TakenJob,
 )
+from awa_sa.statements.receipts import OPEN_CLAIMS
 from awa_sa.tables import JOB_STATES
 
 
 def migrated(conn: Connection, calls: Sequence[Call], schema: str) -> list[Outcome]:
     """The outcomes of migrating *calls* into *schema*, routing locked to it."""
+    _refuse_queue_storage_pairs(conn, calls, schema)
     taken = run(conn, TAKE_AND_ALLOCATE, items(calls), schema)
     if not taken.shared_key:
         return _settled(conn, calls, taken, schema)
@@ -59,6 +67,24 @@ def migrated(conn: Connection, calls: Sequence[Call], schema: str) -> list[Outco
         alone = run(conn, TAKE_AND_ALLOCATE, [call.item], schema)
         outcomes += _settled(conn, [call], alone, schema)
     return outcomes
+
+
+def _refuse_queue_storage_pairs(conn: Connection, calls: Sequence[Call], schema: str) -> None:
+    """Refuse, before anything is taken, a bare pair that names an open claim of *schema*.
+
+    Only here can the planes' pairs collide: a queue-storage claim exists only once routing
+    points to queue storage. Such a pair may mean that claim, not the canonical row under it
+    (docs/contract.md#bare-pair); a call that passed the RunningAttempt it read names its
+    plane, and is not asked.
+    """
+    bare = [call for call in calls if call.bare]
+    if not bare:
+        return
+    claimed = run(conn, OPEN_CLAIMS, items(bare), schema)
+    for call in bare:
+        pair = (call.item.job_id, call.item.run_lease)
+        if pair in claimed:
+            raise QueueStorageAttempt(*pair, schema, canonical_too=claimed[pair])
 
 
 def _settled(conn: Connection, calls: Sequence[Call], taken: Taken, schema: str) -> list[Outcome]:

@@ -1,4 +1,4 @@
-"""The re-schedule of running canonical attempts: the public calls (docs/contract.md).
+"""The re-schedule of running attempts: the public calls (docs/contract.md).
 
 Each call validates every input first (:mod:`awa_sa.calls`), then runs the one flow
 (:mod:`awa_sa.flow`) in the form its bind asks for (:mod:`awa_sa.forms`). A single call is a
@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine
 
-from awa_sa.calls import prepare, prepare_all
+from awa_sa.calls import Call, prepare, prepare_all
+from awa_sa.errors import QueueStorageAttempt, ValidationError
 from awa_sa.forms import check_bind, within
 from awa_sa.kinds import Attempt, Kind, Outcome
+from awa_sa.running import RunningAttempt
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -75,3 +77,38 @@ def reschedule_canonical_attempts(
     check_bind(bind)
     calls = prepare_all(attempts)
     return within(bind, calls) if calls else []
+
+
+def settle(
+    bind: Engine | Connection | Session,
+    attempt: RunningAttempt,
+    kind: Kind,
+    *,
+    error: Any = None,
+    progress: Any = None,
+) -> Outcome:
+    """Settle *attempt*, as :func:`~awa_sa.running_attempts` or :func:`~awa_sa.attempt_of`
+    returned it, as *kind* asks: the call that cannot touch another job.
+
+    A canonical attempt is re-scheduled as :func:`reschedule_canonical_attempt` does, with
+    its kind, queue and attempt checked beside ``(job_id, run_lease)`` in the same statement:
+    a row that is no longer that attempt is ``Stale``. A queue-storage attempt is refused
+    with :class:`~awa_sa.errors.QueueStorageAttempt` before anything is sent (awa-sa cannot
+    settle those yet). ``bind``, ``error`` and ``progress`` are as for the reschedule.
+    """
+    check_bind(bind)
+    return within(bind, [settling(attempt, kind, error, progress)])[0]
+
+
+def settling(attempt: object, kind: object, error: object, progress: object) -> Call:
+    """The validated call for :func:`settle`, or why it can never be made."""
+    if not isinstance(attempt, RunningAttempt):
+        raise ValidationError(
+            f"attempt must be a RunningAttempt (from running_attempts or attempt_of), "
+            f"got {type(attempt).__name__}"
+        )
+    if attempt.on_queue_storage:
+        raise QueueStorageAttempt(
+            attempt.job_id, attempt.run_lease, attempt.storage, canonical_too=False
+        )
+    return prepare(attempt.job_id, attempt.run_lease, kind, error, progress, named=attempt)

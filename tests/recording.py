@@ -33,6 +33,7 @@ _PREFIXES = [
 ]
 _STEPS = [  # the first that occurs in the statement wins
     ("to_regprocedure(", "one statement"),
+    ("lease_claims", "open claims"),
     ("FOR SHARE", "lock"),
     ("active_queue_storage_schema", "routing+move"),
     ("nextval(", "take+allocate"),

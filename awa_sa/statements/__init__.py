@@ -33,6 +33,7 @@ from awa_sa.statements.duplicate import (
     ring_cursor,
 )
 from awa_sa.statements.migration import claim_unique_keys, insert_deferred, take_and_allocate
+from awa_sa.statements.receipts import open_claims
 from awa_sa.statements.registry import all_builders
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "insert_deferred",
     "lane_lock",
     "move_if_canonical",
+    "open_claims",
     "ring_cursor",
     "routing_lock",
     "take_and_allocate",

@@ -13,6 +13,7 @@ queue-storage ones reach their schema only through ``schema_translate_map``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import Any
 
@@ -52,6 +53,9 @@ from awa_sa.queue_storage import (
     leases,
     ready_entries,
 )
+from awa_sa.statements.attempts import MoveItem
+from awa_sa.statements.registry import Query, statement
+from awa_sa.statements.sql import bound_rows, rows_as_binds
 from awa_sa.tables import Timestamp, jobs_hot
 
 COLUMNS = (
@@ -339,3 +343,44 @@ def open_receipts() -> Subquery:
         .where(lease.c.state == literal_column("'running'"))
     )
     return union_all(row_receipts, compact_receipts, materialised).subquery("attempts")
+
+
+@statement
+def open_claims(*, batch: bool) -> Select[Any]:
+    """The asked ``(job_id, run_lease)`` pairs that name an open claim of the schema, each
+    with whether a running canonical row has that pair too.
+
+    What a canonical call checks in the queue-storage branch before it takes anything: there
+    the two planes' pairs collide, and a bare pair that also names a queue-storage claim may
+    not mean the canonical row (docs/contract.md#bare-pair).
+    """
+    attempts = open_receipts()
+    a = attempts.c
+    hot = jobs_hot.c
+    canonical_too = exists().where(
+        hot.id == a.job_id, hot.run_lease == a.run_lease, hot.state == literal_column("'running'")
+    )
+    claimed = select(a.job_id, a.run_lease, canonical_too.label("canonical_too")).distinct()
+    if not batch:
+        job_id, lease = (cast(bindparam(n, type_=BigInteger), BigInteger) for n in _PAIR)
+        return claimed.where(a.job_id == job_id, a.run_lease == lease)
+    fields = [(_PAIR[0], "job_id", BigInteger), (_PAIR[1], "lease", BigInteger)]
+    asked = bound_rows("asked", fields, batch)
+    return claimed.join_from(
+        attempts, asked, and_(a.job_id == asked.c.job_id, a.run_lease == asked.c.lease)
+    )
+
+
+_PAIR = ("guard_id", "guard_lease")
+
+
+def _pair_binds(items: Sequence[MoveItem]) -> Mapping[str, Any]:
+    return rows_as_binds([dict(zip(_PAIR, (i.job_id, i.run_lease), strict=True)) for i in items])
+
+
+OPEN_CLAIMS: Query[Sequence[MoveItem], dict[tuple[int, int], bool]] = Query(
+    lambda items: open_claims(batch=len(items) > 1),
+    _pair_binds,
+    lambda result: {(row.job_id, row.run_lease): bool(row.canonical_too) for row in result},
+)
+"""The asked pairs an open claim of the schema holds: pair -> whether canonical has it too."""

@@ -426,7 +426,7 @@ def test_lost_claims_and_a_unique_violation_fall_back_per_item(
     ]
     batch = sent[sent.index("one statement") :]
     # The Connection form: the one statement locked the singleton; routing is read afresh.
-    head = ["one statement", "routing+move", "savepoint", "take+allocate"]
+    head = ["one statement", "routing+move", "savepoint", "open claims", "take+allocate"]
     assert batch[: len(head)] == head
     assert batch[len(head) : len(head) + 7] == [
         *["savepoint", "claim", "rollback to"],  # b and c lost
@@ -453,7 +453,7 @@ def test_queue_storage_batch_statements_do_not_grow(
     assert [type(o) for o in outcomes] == [Migrated] * 80 + [Rescheduled] * 10 + [Stale]
     assert sent == [
         *["BEGIN", "one statement"],  # in autocommit: it says queue storage, so a transaction
-        *["BEGIN", "lock", "routing+move", "savepoint", "take+allocate", "move"],
+        *["BEGIN", "lock", "routing+move", "savepoint", "open claims", "take+allocate", "move"],
         *["savepoint", "claim", "deferred", "release", "release", "COMMIT"],
     ]
 

@@ -167,8 +167,8 @@ def test_a_handler_finds_its_lease_and_retries_with_an_audit_row(
             mine = await conn.run_sync(attempt_of, job)
             if mine.on_queue_storage:
                 return awa.RetryAfter(600)  # awa-sa cannot settle a queue-storage attempt yet
-            outcome = await awa_async.reschedule_canonical_attempt(
-                conn, mine.job_id, mine.run_lease, RetryAfter(3600), error={"error": "smtp down"}
+            outcome = await awa_async.settle(
+                conn, mine, RetryAfter(3600), error={"error": "smtp down"}
             )
             await conn.execute(
                 sa.text("INSERT INTO audit VALUES (:id, :outcome)"),

@@ -68,7 +68,7 @@ def test_queue_storage_paths(engine: sa.Engine, sent: list[str]) -> None:
         insert_holder(conn, b"9", "11000000")
         insert_holder(conn, b"10", "11000010")
     # The one statement (in autocommit) reports queue storage; the transaction starts over.
-    head = ["one statement", "lock", "routing+move", "savepoint", "take+allocate"]
+    head = ["one statement", "lock", "routing+move", "savepoint", "open claims", "take+allocate"]
 
     assert isinstance(_run(engine, sent, plain), Migrated)
     assert sent == [*head, "savepoint", "deferred", "release", "release"]

@@ -175,8 +175,8 @@ def _closed(
     A row receipt's closure batch is found by its ``receipt_id`` alone, a compact receipt's
     within its claim slot, as Awa's runtime looks them up.
     """
-    closures = lease_claim_closures
-    ranges = lease_claim_closure_batches
+    closures = lease_claim_closures.alias("closure")
+    ranges = lease_claim_closure_batches.alias("closed")
     in_range = ranges.c.receipt_ranges.op("@>", return_type=Boolean)(receipt_id)
     return or_(
         exists().where(
@@ -228,7 +228,7 @@ def queue_storage_attempts() -> Select[Any]:
 def open_receipts() -> Subquery:
     """Every open receipt of one queue-storage schema, one row each."""
     ready = ready_entries
-    c = lease_claims
+    c = lease_claims.alias("claim")
     row_receipts = (
         select(
             c.c.job_id,
@@ -259,7 +259,7 @@ def open_receipts() -> Subquery:
         )
     )
 
-    b = lease_claim_batches
+    b = lease_claim_batches.alias("batch")
     items = (
         func.unnest(
             b.c.job_ids,

@@ -8,7 +8,7 @@ guarded by ``id``, ``state = 'running'`` and ``run_lease``. The kind is a per-ro
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
 from sqlalchemy import (
@@ -27,13 +27,20 @@ from sqlalchemy import (
     false,
     func,
     literal_column,
-    or_,
     select,
     true,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, INTERVAL, JSONB
 
-from awa_sa.statements.sql import ZERO, bound_rows, distinct_on, rows_as_binds, scalar, state
+from awa_sa.statements.sql import (
+    ZERO,
+    bound_row,
+    bound_rows,
+    distinct_on,
+    rows_as_binds,
+    scalar,
+    state,
+)
 from awa_sa.tables import jobs_hot
 
 KindTag = Literal["snooze", "retry_after", "retry_backoff"]
@@ -93,11 +100,11 @@ def attempt_rows(batch: bool) -> CTE:
     )
     types = (BigInteger, BigInteger, Text, Double, Text, Text, Text, Text, SmallInteger)
     fields = list(zip(_ITEM_BINDS, names, types, strict=True))
-    items = bound_rows("item", fields, batch, ordinality=True)
     if not batch:
-        return select(items).cte("firsts")
+        return bound_row(fields, ordinality=True).cte("asked")
+    items = bound_rows("item", fields, batch, ordinality=True)
     firsts = distinct_on(select(items), items.c.job_id, items.c.lease)
-    return firsts.order_by(items.c.job_id, items.c.lease, items.c.ord).cte("firsts")
+    return firsts.order_by(items.c.job_id, items.c.lease, items.c.ord).cte("asked")
 
 
 def guard(row: Any, firsts: CTE) -> list[ColumnElement[bool]]:
@@ -110,11 +117,12 @@ def guard(row: Any, firsts: CTE) -> list[ColumnElement[bool]]:
         row.c.id == firsts.c.job_id,
         row.c.state == literal_column("'running'"),
         row.c.run_lease == firsts.c.lease,
-        *(or_(firsts.c[want].is_(None), row.c[name] == firsts.c[want]) for name, want in _IDENTITY),
+        *(row.c[name] == func.coalesce(firsts.c[want], row.c[name]) for name, want in _IDENTITY),
     ]
 
 
 _IDENTITY = (("kind", "want_kind"), ("queue", "want_queue"), ("attempt", "want_attempt"))
+"""Columns that are never NULL, so a NULL asked for compares the column with itself."""
 
 
 def shared_key(firsts: CTE, batch: bool) -> ColumnElement[bool]:
@@ -149,7 +157,7 @@ def take(
     *,
     batch: bool,
     routed_here: Sequence[ColumnElement[bool]] = (),
-    eligible: Sequence[ColumnElement[bool]] = (),
+    eligible: Callable[[Any], Sequence[ColumnElement[bool]]] = lambda _: (),
 ) -> CTE:
     """DELETE the guarded rows, returning each with its item; none when ``head.shared_key``.
 
@@ -161,18 +169,19 @@ def take(
     row, whose lock needs no order.
     """
     unshared = ~scalar(head, "shared_key")
+    hot: Any = jobs_hot.alias("hot")  # short: the statement names every column it returns
     if not batch:
         return (
-            delete(jobs_hot)
-            .where(*guard(jobs_hot, firsts), *routed_here, *eligible, unshared)
-            .returning(*jobs_hot.c, *(firsts.c[name] for name in _ITEM_COLUMNS))
+            delete(hot)
+            .where(*guard(hot, firsts), *routed_here, *eligible(hot), unshared)
+            .returning(*hot.c, *(firsts.c[name] for name in _ITEM_COLUMNS))
             .cte("taken")
         )
-    locked = _lock_in_id_order(firsts, routed_here, and_(*eligible, unshared))
+    locked = _lock_in_id_order(firsts, routed_here, and_(*eligible(jobs_hot), unshared))
     return (
-        delete(jobs_hot)
-        .where(jobs_hot.c.id == locked.c.id, locked.c.take)
-        .returning(*jobs_hot.c, *(locked.c[name] for name in _ITEM_COLUMNS))
+        delete(hot)
+        .where(hot.c.id == locked.c.id, locked.c.take)
+        .returning(*hot.c, *(locked.c[name] for name in _ITEM_COLUMNS))
         .cte("taken")
     )
 

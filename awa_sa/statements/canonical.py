@@ -22,11 +22,11 @@ from sqlalchemy import (
     and_,
     case,
     cast,
-    false,
     func,
     insert,
     literal_column,
     null,
+    or_,
     select,
     true,
 )
@@ -46,7 +46,7 @@ from awa_sa.statements.attempts import (
 )
 from awa_sa.statements.registry import Query, no_binds, statement
 from awa_sa.statements.sql import head_row, head_then, representable, scalar
-from awa_sa.tables import Timestamp, pg_proc, scheduled_jobs, storage_transition_state
+from awa_sa.tables import pg_proc, scheduled_jobs, storage_transition_state
 
 ROUTING_BODY_MD5 = {
     "awa.active_storage_engine()": "2d08edf5c7f3a3a0b4969ccfde457de7",
@@ -90,17 +90,27 @@ def _scheduled_successor(taken: CTE) -> list[ColumnElement[Any]]:
         "state": successor_state(taken),
         "attempt": successor_attempt(taken),
         "run_at": run_at(taken),
-        "heartbeat_at": cast(null(), Timestamp),
-        "deadline_at": cast(null(), Timestamp),
+        # Untyped: INSERT ... SELECT gives a NULL its target column's type.
+        "heartbeat_at": null(),
+        "deadline_at": null(),
         "finalized_at": finalized_at(taken, taken.c.finalized_at),
         "errors": errors_after(taken),
         "progress": cast(taken.c.new_progress, JSONB),
     }
-    # Labelled with the column each fills, so the compiled text (``awa-sa sql``) reads as such.
+    # A changed column is labelled with the column it fills, so the compiled text (``awa-sa
+    # sql``) reads as such; a column carried over names itself. SQLAlchemy labels a CTE's
+    # columns in an INSERT ... SELECT that is itself a CTE, so those are literal references:
+    # the labels would take the one statement past psycopg 3's 4 KB query cache.
     return [
-        changed[c.name].label(c.name) if c.name in changed else taken.c[c.name]
+        changed[c.name].label(c.name)
+        if c.name in changed
+        else literal_column(f"{taken.name}.{c.name}", c.type)
         for c in scheduled_jobs.c
     ]
+
+
+_MOVED_COLUMNS = [scheduled_jobs.c[name] for name in ("id", "run_lease", "run_at", "attempt")]
+"""What the outcome reports of each moved job."""
 
 
 def _insert_scheduled(taken: CTE) -> CTE:
@@ -108,8 +118,17 @@ def _insert_scheduled(taken: CTE) -> CTE:
     target = scheduled_jobs.c
     return (
         insert(scheduled_jobs)
-        .from_select([c.name for c in target], select(*_scheduled_successor(taken)))
-        .returning(target.id, target.run_lease, target.run_at, target.attempt)
+        .from_select(
+            [c.name for c in target],
+            select(*_scheduled_successor(taken)).select_from(taken),
+        )
+        # Unqualified: RETURNING sees only the inserted row, and the names are shorter.
+        .returning(
+            *(
+                literal_column(c.name, c.type)
+                for c in (target.id, target.run_lease, target.run_at, target.attempt)
+            )
+        )
         .cte("moved")
     )
 
@@ -177,7 +196,7 @@ def _locked_routing() -> CTE:
     function would read that older snapshot (docs/contract.md#one-statement). Materialized,
     so it runs once, and first: :func:`_routed_head` reads it in its FROM.
     """
-    state = storage_transition_state
+    state = storage_transition_state.alias("transition")
     return (
         select(_active_engine(state).label("engine"))
         .where(state.c.singleton)
@@ -187,23 +206,25 @@ def _locked_routing() -> CTE:
     )
 
 
-def _body_is(function: str, md5: str) -> ColumnElement[bool]:
-    body = (
-        select(func.md5(pg_proc.c.prosrc, type_=Text))
-        .where(pg_proc.c.oid == func.to_regprocedure(literal_column(f"'{function}'")))
-        .scalar_subquery()
-    )
-    return body == literal_column(f"'{md5}'")
-
-
 def _bodies_known() -> ColumnElement[bool]:
     """Are the installed routing functions the ones :func:`_active_engine` copies?
 
     Checked in every call, so a migration that replaced either is seen by connections that
-    sat in a pool meanwhile. A missing function hashes to NULL, which is not known either.
+    sat in a pool meanwhile: both must be found with their known body. A missing function
+    matches no row.
     """
-    known = and_(*(_body_is(name, md5) for name, md5 in ROUTING_BODY_MD5.items()))
-    return func.coalesce(known, false())
+    proc = pg_proc.alias("proc")
+    known = or_(
+        *(
+            and_(
+                proc.c.oid == func.to_regprocedure(literal_column(f"'{function}'")),
+                func.md5(proc.c.prosrc, type_=Text) == literal_column(f"'{md5}'"),
+            )
+            for function, md5 in ROUTING_BODY_MD5.items()
+        )
+    )
+    found = select(literal_column("count(*)")).select_from(proc).where(known).scalar_subquery()
+    return found == literal_column(str(len(ROUTING_BODY_MD5)))
 
 
 def _routed_head(routing: CTE, firsts: CTE, batch: bool) -> CTE:

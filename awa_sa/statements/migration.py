@@ -59,7 +59,7 @@ from awa_sa.statements.sql import (
     representable,
     rows_as_binds,
 )
-from awa_sa.tables import CALLBACK_COLUMNS, Timestamp, job_state, job_unique_claims, jobs_hot
+from awa_sa.tables import CALLBACK_COLUMNS, Timestamp, job_state, job_unique_claims
 
 
 def _payload(taken: CTE) -> ColumnElement[Any]:
@@ -80,9 +80,9 @@ def _payload(taken: CTE) -> ColumnElement[Any]:
     return func.nullif(composed, EMPTY_OBJECT, type_=JSONB)
 
 
-def _callbacks_unwired() -> list[ColumnElement[bool]]:
+def _callbacks_unwired(row: Any) -> list[ColumnElement[bool]]:
     """A row waiting on a callback stays canonical: the canonical move takes it instead."""
-    return [jobs_hot.c[name].is_(None) for name in CALLBACK_COLUMNS]
+    return [row.c[name].is_(None) for name in CALLBACK_COLUMNS]
 
 
 def _timed(taken: CTE) -> CTE:
@@ -152,7 +152,7 @@ def take_and_allocate(*, batch: bool) -> Select[Any]:
     """
     firsts = attempt_rows(batch)
     head = head_row(shared_key(firsts, batch).label("shared_key"))
-    taken = take(firsts, head, batch=batch, eligible=_callbacks_unwired())
+    taken = take(firsts, head, batch=batch, eligible=_callbacks_unwired)
     successors = _allocated_successors(_timed(taken))
     return head_then(head, successors, successors)
 

@@ -47,7 +47,7 @@ SHARD0 = cast(ZERO, SmallInteger)
 
 
 def state(name: str) -> ColumnElement[Any]:
-    return cast(literal_column(f"'{name}'"), job_state)
+    return literal_column(f"'{name}'::awa.job_state", job_state)
 
 
 def jsonb_param(name: str) -> ColumnElement[Any]:
@@ -81,10 +81,7 @@ def bound_rows(
     scalars (see the module docstring).
     """
     if not batch:
-        row = [cast(bindparam(p, type_=t), t).label(c) for p, c, t in fields]
-        if ordinality:
-            row.append(literal_column("1").label("ord"))
-        return select(*row).subquery(name)
+        return bound_row(fields, ordinality).subquery(name)
     arrays = func.unnest(*(bindparam(p, type_=ARRAY(t)) for p, _, t in fields))
     columns = [column(c, t) for _, c, t in fields]
     if ordinality:
@@ -92,6 +89,14 @@ def bound_rows(
     else:
         rows = arrays.table_valued(*columns)
     return rows.render_derived(name=name)
+
+
+def bound_row(fields: Sequence[tuple[str, str, Any]], ordinality: bool = False) -> Select[Any]:
+    """The one row of :func:`bound_rows`' single shape, as a SELECT of its scalars."""
+    row = [cast(bindparam(p, type_=t), t).label(c) for p, c, t in fields]
+    if ordinality:
+        row.append(literal_column("1").label("ord"))
+    return select(*row)
 
 
 def distinct_on(query: Select[Any], *on: ColumnElement[Any]) -> Select[Any]:
@@ -120,8 +125,8 @@ def scalar(head: CTE, name: str) -> Any:
 
 
 _PYTHON_RANGE = (
-    cast(literal_column("'0001-01-02 00:00:00+00'"), Timestamp),
-    cast(literal_column("'9999-12-30 00:00:00+00'"), Timestamp),
+    literal_column("timestamptz '0001-01-02Z'", Timestamp),
+    literal_column("timestamptz '9999-12-30Z'", Timestamp),
 )
 """Where a timestamptz still loads as a Python datetime in any session time zone."""
 

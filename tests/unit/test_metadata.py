@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from sqlalchemy.sql import visitors
 from sqlalchemy.sql.dml import UpdateBase
-from sqlalchemy.sql.expression import TableClause
+from sqlalchemy.sql.expression import Alias, TableClause
 
 from awa_sa import queue_storage, statements, tables
 
@@ -33,8 +33,11 @@ def _writes() -> list[tuple[str, TableClause]]:
     for builder in statements.all_builders():
         for element in visitors.iterate(builder()):
             if isinstance(element, UpdateBase):
-                assert isinstance(element.table, TableClause), element.table  # not an alias
-                found.append((element.__visit_name__.upper(), element.table))
+                table: object = element.table
+                if isinstance(table, Alias):  # a shorter name in the statement's text
+                    table = table.element
+                assert isinstance(table, TableClause), table
+                found.append((element.__visit_name__.upper(), table))
     return found
 
 

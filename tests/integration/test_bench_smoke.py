@@ -11,6 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # the whole benchmark, about 20 s at its smallest
+
 ROOT = Path(__file__).resolve().parents[2]
 SMALLEST = (
     *("--rounds", "2", "--per-round", "2", "--warmup", "2"),

@@ -14,7 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from test_readme import BLOCKS, QUICKSTART_TEST, SHELL
+
+pytestmark = pytest.mark.slow  # a fresh clone and a pip install into a fresh venv
 
 ROOT = Path(__file__).resolve().parents[2]
 

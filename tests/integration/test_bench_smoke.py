@@ -18,6 +18,10 @@ from typing import Any
 
 import pytest
 
+import pytest
+
+pytestmark = pytest.mark.slow  # the whole benchmark, about 20 s at its smallest
+
 ROOT = Path(__file__).resolve().parents[2]
 PARTS = ("single", "breakdown", "distance", "server", "callers", "routing")
 SMALLEST = (

@@ -30,6 +30,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 
+import pytest
 import sqlalchemy as sa
 from conftest import Cluster
 from jobs import insert_job
@@ -45,6 +46,8 @@ from awa_sa import (
     reschedule_canonical_attempt,
     reschedule_canonical_attempts,
 )
+
+pytestmark = pytest.mark.slow  # a bounded soak of flapping transitions, a few seconds per cluster
 
 CYCLES = int(os.environ.get("AWA_SA_FLAP_CYCLES", "30"))
 SCHEMA = "awa_qs"

@@ -36,9 +36,12 @@ from awa_sa import Attempt, DatabaseError, Rescheduled
 from awa_sa.testing.pooler import PgBouncer, find_pgbouncer, pgbouncer
 from awa_sa.testing.server import EmbeddedPostgres
 
-pytestmark = pytest.mark.skipif(
-    find_pgbouncer() is None, reason="pgbouncer is not installed (./dev installs it)"
-)
+pytestmark = [
+    pytest.mark.slow,  # a PgBouncer per test, in front of the suite's server
+    pytest.mark.skipif(
+        find_pgbouncer() is None, reason="pgbouncer is not installed (./dev installs it)"
+    ),
+]
 
 RECOMMENDED: dict[str, dict[str, Any]] = {
     "psycopg": {"connect_args": {"prepare_threshold": None}},

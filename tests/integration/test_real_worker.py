@@ -33,6 +33,8 @@ from awa_sa import Rescheduled
 from awa_sa.testing import running_attempt
 from awa_sa.tools.status import PATCHED_FAMILY, UNPATCHED_FAMILY, read_status
 
+pytestmark = pytest.mark.slow  # real awa-pg runtimes of the release installed
+
 SNOOZE = 30.0
 RETRY_AFTER = 45.0
 SAME = (

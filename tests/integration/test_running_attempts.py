@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import awa
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -30,6 +31,8 @@ from awa_sa import (
     reschedule_canonical_attempts,
     running_attempts,
 )
+
+pytestmark = pytest.mark.slow  # attempts claimed by a real awa-pg worker
 
 
 @dataclass

@@ -13,9 +13,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 from racing import EmulatedTransitions, RealTransitions
 from soak import Report, Soak, SoakConfig, format_report, write_report
+
+pytestmark = pytest.mark.slow  # two bounded soaks, about 36 s together
 
 SOAK_SECONDS = float(os.environ.get("AWA_SA_SOAK_SECONDS", "24"))
 

@@ -31,6 +31,8 @@ from conftest import Cluster, run_awa
 
 from awa_sa.tools.status import ClusterStatus, read_status, runtime_instances
 
+pytestmark = pytest.mark.slow  # real awa-pg runtimes, live and gone
+
 ROW_DEADLINE_SECS = 60.0
 
 

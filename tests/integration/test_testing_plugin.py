@@ -24,6 +24,7 @@ from awa_sa.testing.databases import NAME_PREFIX
 from awa_sa.testing.server import SCRATCH_ENVIRONMENT_VARIABLE, EmbeddedPostgres, scratch_parent
 from pytest_awa_sa import SERVER_URL_ENV, SERVER_URL_OPTION
 
+pytestmark = pytest.mark.slow  # each test is a pytest subprocess, most with a server of its own
 pytest_plugins = ["pytester"]
 
 # Tests of a project that uses the kit: four pass, one fails, and no test sees another's rows.

@@ -22,6 +22,8 @@ import sqlalchemy as sa
 
 from awa_sa.testing import running_attempt
 
+pytestmark = pytest.mark.slow  # a claim by a real awa-pg runtime
+
 SAME = (
     "kind",
     "queue",

@@ -46,6 +46,8 @@ from awa_sa import (
 )
 from awa_sa.testing.server import EmbeddedPostgres
 
+pytestmark = pytest.mark.slow  # real awa-pg runtimes
+
 WAIT_SECS = 60.0
 
 

@@ -301,6 +301,7 @@ def phase_row(engine: sa.Engine) -> tuple[str, str, dict[str, Any]]:
         pytest.param(lambda engine: seen_runtime(engine, 120), True, id="runtime-seen-120s-ago"),
     ],
 )
+@pytest.mark.slow  # a real awa-pg runtime per case
 def test_status_says_whether_the_first_auto_runtime_finalizes_and_it_does(
     real_engine: sa.Engine,
     real_db_url: str,

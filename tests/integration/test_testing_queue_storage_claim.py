@@ -27,6 +27,8 @@ from awa_sa import attempt_of
 from awa_sa.testing import job_of, queue_storage_attempt, set_phase
 from awa_sa.testing.server import EmbeddedPostgres
 
+pytestmark = pytest.mark.slow  # real awa-pg runtimes
+
 READY_SAME = (
     "ready_slot",
     "ready_generation",

@@ -48,6 +48,7 @@ from racing import fingerprint, held, in_thread, wait_for, wait_until_blocked
 from recording import Sent, recording
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.util import greenlet_spawn
 
 import awa_sa
 import awa_sa.asyncio as awa_async
@@ -722,7 +723,11 @@ def test_a_raw_connection_is_refused_and_left_alone(driver: str, cluster: Cluste
                         face.call(job, 1, Snooze(1), bind=raw)
             assert sent == []
         finally:
-            proxy.close()
+            if face.async_engine is not None:
+                # Returned to an async pool, its reset must run in SQLAlchemy's greenlet.
+                face.run(greenlet_spawn(proxy.close))
+            else:
+                proxy.close()
     assert _snapshot(engine) == before
     assert canonical_state(engine, job) == "running"
 

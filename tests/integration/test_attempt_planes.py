@@ -25,7 +25,8 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -83,7 +84,10 @@ def copy_of(job: Any) -> SimpleNamespace:
 class Holder:
     """A handler that resolves its job with ``attempt_of``, then holds until released.
 
-    ``go`` gates the lookup, so that several handlers can be made to run at once first.
+    ``go`` gates the lookup, so that several handlers can be made to run at once first. Beside
+    ``attempt_of`` it also runs the old README recipe's lookup, ``running_attempts`` by the
+    job's id and attempt, so a test can show what that recipe would have picked. ``calls``
+    counts the runs: a runtime that retried the job would run it again.
     """
 
     def __init__(self, engine: AsyncEngine, go: asyncio.Event, release: asyncio.Event) -> None:
@@ -92,16 +96,20 @@ class Holder:
         self.release = release
         self.holding = asyncio.Event()
         self.resolved = asyncio.Event()
+        self.calls = 0
         self.job: SimpleNamespace | None = None
         self.mine: RunningAttempt | None = None
+        self.recipe: list[RunningAttempt] = []
         self.then: Callable[[Any], Awaitable[Any]] | None = None
 
     async def __call__(self, job: Any) -> Any:
+        self.calls += 1
         self.job = copy_of(job)
         self.holding.set()
         await self.go.wait()
         async with self.engine.connect() as conn:
             self.mine = await conn.run_sync(attempt_of, job)
+            self.recipe = await conn.run_sync(running_attempts, job_id=job.id, attempt=job.attempt)
         self.resolved.set()
         await self.release.wait()
         return None if self.then is None else await self.then(job)
@@ -138,45 +146,86 @@ class Collided:
     phase: dict[str, Any]
 
 
-def collide(pg: EmbeddedPostgres, dbname: str, url: str, engine: sa.Engine) -> Collided:
-    """A canonical attempt and a queue-storage attempt, both job 1 lease 1, running at once."""
+@dataclass
+class Held:
+    """Both handlers running and resolved, and what runs them."""
+
+    a: Holder
+    b: Holder
+    canonical: awa.AsyncClient
+    target: awa.AsyncClient
+    engine: AsyncEngine
+    running: list[awa.AsyncClient]
+
+    async def stop(self, client: awa.AsyncClient) -> None:
+        """Shut *client* down, which waits for its in-flight jobs to be completed."""
+        self.running.remove(client)
+        await client.shutdown()
+
+
+@asynccontextmanager
+async def held_pair(pg: EmbeddedPostgres, dbname: str, url: str) -> AsyncIterator[Held]:
+    """A canonical attempt A and a queue-storage attempt B, both job 1 lease 1, running at once.
+
+    Each handler holds on its own event (``Holder.release``), so a test can let one return
+    while the other still runs; on exit both are released and every runtime still running is
+    shut down.
+    """
 
     def awa_cli(*args: str) -> str:
         return run_awa(pg, dbname, *args)
 
-    async def run() -> Collided:
-        async_engine = create_async_engine(url, poolclass=sa.NullPool)
-        go, release = asyncio.Event(), asyncio.Event()
-        a, b = Holder(async_engine, go, release), Holder(async_engine, go, release)
-        details = json.dumps({"schema": "awa_qs"})
-        await asyncio.to_thread(
-            awa_cli, "storage", "prepare", "--engine", "queue_storage", "--details", details
+    async_engine = create_async_engine(url, poolclass=sa.NullPool)
+    go = asyncio.Event()
+    a = Holder(async_engine, go, asyncio.Event())
+    b = Holder(async_engine, go, asyncio.Event())
+    details = json.dumps({"schema": "awa_qs"})
+    await asyncio.to_thread(
+        awa_cli, "storage", "prepare", "--engine", "queue_storage", "--details", details
+    )
+    canonical = awa.AsyncClient(pg_url(url))
+    canonical.task(Mail, queue="mail")(a)
+    target = awa.AsyncClient(pg_url(url))
+    target.task(Mail, queue="mail")(b)
+    held = Held(a, b, canonical, target, async_engine, [])
+    try:
+        await canonical.insert(Mail(who="canonical A"), queue="mail")
+        await canonical.start(
+            [("mail", 1)], heartbeat_interval_ms=600_000, queue_storage_schema="awa_qs"
         )
-        canonical = awa.AsyncClient(pg_url(url))
-        canonical.task(Mail, queue="mail")(a)
-        target = awa.AsyncClient(pg_url(url))
-        target.task(Mail, queue="mail")(b)
-        started: list[awa.AsyncClient] = []
-        try:
-            await canonical.insert(Mail(who="canonical A"), queue="mail")
-            await canonical.start(
-                [("mail", 1)], heartbeat_interval_ms=600_000, queue_storage_schema="awa_qs"
-            )
-            started.append(canonical)
-            await within(a.holding)  # A is claimed by a runtime whose executor is canonical
-            await target.start(
-                [("mail", 1)],
-                heartbeat_interval_ms=600_000,
-                queue_storage_schema="awa_qs",
-                storage_transition_role="queue_storage_target",
-            )
-            started.append(target)
-            await asyncio.to_thread(awa_cli, "storage", "enter-mixed-transition")
-            await target.insert(Mail(who="queue storage B"), queue="mail")
-            await within(b.holding)
-            go.set()  # both handlers are running: now each resolves its own job
-            await within(a.resolved)
-            await within(b.resolved)
+        held.running.append(canonical)
+        await within(a.holding)  # A is claimed by a runtime whose executor is canonical
+        await target.start(
+            [("mail", 1)],
+            heartbeat_interval_ms=600_000,
+            queue_storage_schema="awa_qs",
+            storage_transition_role="queue_storage_target",
+        )
+        held.running.append(target)
+        await asyncio.to_thread(awa_cli, "storage", "enter-mixed-transition")
+        await target.insert(Mail(who="queue storage B"), queue="mail")
+        await within(b.holding)
+        go.set()  # both handlers are running: now each resolves its own job
+        await within(a.resolved)
+        await within(b.resolved)
+        yield held
+    finally:
+        go.set()
+        a.release.set()
+        b.release.set()
+        for client in reversed(held.running):
+            await client.shutdown()
+        await canonical.close()
+        await target.close()
+        await async_engine.dispose()
+
+
+def collide(pg: EmbeddedPostgres, dbname: str, url: str, engine: sa.Engine) -> Collided:
+    """Both attempts held, as :func:`held_pair` leaves them, read from the rows."""
+
+    async def run() -> Collided:
+        async with held_pair(pg, dbname, url) as held:
+            a, b = held.a, held.b
 
             def read() -> Collided:
                 assert a.job is not None
@@ -197,14 +246,6 @@ def collide(pg: EmbeddedPostgres, dbname: str, url: str, engine: sa.Engine) -> C
                 )
 
             return await asyncio.to_thread(read)
-        finally:
-            go.set()
-            release.set()
-            for client in reversed(started):
-                await client.shutdown()
-            await canonical.close()
-            await target.close()
-            await async_engine.dispose()
 
     return asyncio.run(run())
 

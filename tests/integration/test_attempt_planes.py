@@ -10,6 +10,14 @@ Beside real awa-pg 0.6.9 runtimes, through a real storage transition driven by t
   both hand out 1. Each handler resolves the very ``Job`` it received with ``attempt_of``
   (async, through ``run_sync``) and gets its own plane's attempt; ``running_attempts`` lists
   both under the shared pair, each with its plane.
+* the same pair, settled (docs/contract.md#bare-pair): while both handlers hold, every
+  documented call for B, the bare pair (sync and async; Engine, Connection and Session; single
+  and batch) and ``settle`` with B's own ``RunningAttempt``, is refused with
+  ``QueueStorageAttempt`` and leaves every row of both planes as it was. ``settle`` with A's
+  attempt moves A alone into ``awa_qs.deferred_jobs``; then A's runtime completes A (it finds
+  nothing and writes nothing) while B still holds, and B's runtime completes B. The old README
+  recipe, ``running_attempts`` by the job's id and attempt, lists both attempts, and each
+  settles only on its own plane.
 * a fresh ``awa migrate`` cluster whose first ``auto`` runtime auto-finalizes it to queue
   storage in schema ``awa``: ``attempt_of`` finds each handler's receipt, whether row-local (a
   queue with a deadline), compact (a queue without one) or materialised into ``leases`` by
@@ -17,7 +25,8 @@ Beside real awa-pg 0.6.9 runtimes, through a real storage transition driven by t
   listed any more.
 
 Every expectation is read back from the rows themselves. Handlers are synchronised with events
-and the runtimes' own row writes, never with sleeps.
+and the runtimes' own row writes, never with sleeps; a completion is waited for by shutting its
+runtime down, which drains its in-flight jobs.
 """
 
 from __future__ import annotations
@@ -25,7 +34,8 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -34,12 +44,20 @@ import awa
 import pytest
 import sqlalchemy as sa
 from conftest import _janitor, database_url, run_awa
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
 
+import awa_sa
+import awa_sa.asyncio as awa_async
 from awa_sa import (
     CANONICAL,
+    Attempt,
     AttemptNotFound,
+    Migrated,
+    QueueStorageAttempt,
     RunningAttempt,
+    Snooze,
+    Stale,
     ValidationError,
     attempt_of,
     running_attempts,
@@ -85,7 +103,10 @@ def copy_of(job: Any) -> SimpleNamespace:
 class Holder:
     """A handler that resolves its job with ``attempt_of``, then holds until released.
 
-    ``go`` gates the lookup, so that several handlers can be made to run at once first.
+    ``go`` gates the lookup, so that several handlers can be made to run at once first. Beside
+    ``attempt_of`` it also runs the old README recipe's lookup, ``running_attempts`` by the
+    job's id and attempt, so a test can show what that recipe would have picked. ``calls``
+    counts the runs: a runtime that retried the job would run it again.
     """
 
     def __init__(self, engine: AsyncEngine, go: asyncio.Event, release: asyncio.Event) -> None:
@@ -94,19 +115,27 @@ class Holder:
         self.release = release
         self.holding = asyncio.Event()
         self.resolved = asyncio.Event()
+        self.calls = 0
+        self.returned = False
         self.job: SimpleNamespace | None = None
         self.mine: RunningAttempt | None = None
+        self.recipe: list[RunningAttempt] = []
         self.then: Callable[[Any], Awaitable[Any]] | None = None
 
     async def __call__(self, job: Any) -> Any:
+        self.calls += 1
         self.job = copy_of(job)
         self.holding.set()
         await self.go.wait()
         async with self.engine.connect() as conn:
             self.mine = await conn.run_sync(attempt_of, job)
+            self.recipe = await conn.run_sync(running_attempts, job_id=job.id, attempt=job.attempt)
         self.resolved.set()
         await self.release.wait()
-        return None if self.then is None else await self.then(job)
+        try:
+            return None if self.then is None else await self.then(job)
+        finally:
+            self.returned = True
 
 
 async def within(event: asyncio.Event) -> None:
@@ -140,45 +169,86 @@ class Collided:
     phase: dict[str, Any]
 
 
-def collide(pg: EmbeddedPostgres, dbname: str, url: str, engine: sa.Engine) -> Collided:
-    """A canonical attempt and a queue-storage attempt, both job 1 lease 1, running at once."""
+@dataclass
+class Held:
+    """Both handlers running and resolved, and what runs them."""
+
+    a: Holder
+    b: Holder
+    canonical: awa.AsyncClient
+    target: awa.AsyncClient
+    engine: AsyncEngine
+    running: list[awa.AsyncClient]
+
+    async def stop(self, client: awa.AsyncClient) -> None:
+        """Shut *client* down, which waits for its in-flight jobs to be completed."""
+        self.running.remove(client)
+        await client.shutdown()
+
+
+@asynccontextmanager
+async def held_pair(pg: EmbeddedPostgres, dbname: str, url: str) -> AsyncIterator[Held]:
+    """A canonical attempt A and a queue-storage attempt B, both job 1 lease 1, running at once.
+
+    Each handler holds on its own event (``Holder.release``), so a test can let one return
+    while the other still runs; on exit both are released and every runtime still running is
+    shut down.
+    """
 
     def awa_cli(*args: str) -> str:
         return run_awa(pg, dbname, *args)
 
-    async def run() -> Collided:
-        async_engine = create_async_engine(url, poolclass=sa.NullPool)
-        go, release = asyncio.Event(), asyncio.Event()
-        a, b = Holder(async_engine, go, release), Holder(async_engine, go, release)
-        details = json.dumps({"schema": "awa_qs"})
-        await asyncio.to_thread(
-            awa_cli, "storage", "prepare", "--engine", "queue_storage", "--details", details
+    async_engine = create_async_engine(url, poolclass=sa.NullPool)
+    go = asyncio.Event()
+    a = Holder(async_engine, go, asyncio.Event())
+    b = Holder(async_engine, go, asyncio.Event())
+    details = json.dumps({"schema": "awa_qs"})
+    await asyncio.to_thread(
+        awa_cli, "storage", "prepare", "--engine", "queue_storage", "--details", details
+    )
+    canonical = awa.AsyncClient(pg_url(url))
+    canonical.task(Mail, queue="mail")(a)
+    target = awa.AsyncClient(pg_url(url))
+    target.task(Mail, queue="mail")(b)
+    held = Held(a, b, canonical, target, async_engine, [])
+    try:
+        await canonical.insert(Mail(who="canonical A"), queue="mail")
+        await canonical.start(
+            [("mail", 1)], heartbeat_interval_ms=600_000, queue_storage_schema="awa_qs"
         )
-        canonical = awa.AsyncClient(pg_url(url))
-        canonical.task(Mail, queue="mail")(a)
-        target = awa.AsyncClient(pg_url(url))
-        target.task(Mail, queue="mail")(b)
-        started: list[awa.AsyncClient] = []
-        try:
-            await canonical.insert(Mail(who="canonical A"), queue="mail")
-            await canonical.start(
-                [("mail", 1)], heartbeat_interval_ms=600_000, queue_storage_schema="awa_qs"
-            )
-            started.append(canonical)
-            await within(a.holding)  # A is claimed by a runtime whose executor is canonical
-            await target.start(
-                [("mail", 1)],
-                heartbeat_interval_ms=600_000,
-                queue_storage_schema="awa_qs",
-                storage_transition_role="queue_storage_target",
-            )
-            started.append(target)
-            await asyncio.to_thread(awa_cli, "storage", "enter-mixed-transition")
-            await target.insert(Mail(who="queue storage B"), queue="mail")
-            await within(b.holding)
-            go.set()  # both handlers are running: now each resolves its own job
-            await within(a.resolved)
-            await within(b.resolved)
+        held.running.append(canonical)
+        await within(a.holding)  # A is claimed by a runtime whose executor is canonical
+        await target.start(
+            [("mail", 1)],
+            heartbeat_interval_ms=600_000,
+            queue_storage_schema="awa_qs",
+            storage_transition_role="queue_storage_target",
+        )
+        held.running.append(target)
+        await asyncio.to_thread(awa_cli, "storage", "enter-mixed-transition")
+        await target.insert(Mail(who="queue storage B"), queue="mail")
+        await within(b.holding)
+        go.set()  # both handlers are running: now each resolves its own job
+        await within(a.resolved)
+        await within(b.resolved)
+        yield held
+    finally:
+        go.set()
+        a.release.set()
+        b.release.set()
+        for client in reversed(held.running):
+            await client.shutdown()
+        await canonical.close()
+        await target.close()
+        await async_engine.dispose()
+
+
+def collide(pg: EmbeddedPostgres, dbname: str, url: str, engine: sa.Engine) -> Collided:
+    """Both attempts held, as :func:`held_pair` leaves them, read from the rows."""
+
+    async def run() -> Collided:
+        async with held_pair(pg, dbname, url) as held:
+            a, b = held.a, held.b
 
             def read() -> Collided:
                 assert a.job is not None
@@ -199,14 +269,6 @@ def collide(pg: EmbeddedPostgres, dbname: str, url: str, engine: sa.Engine) -> C
                 )
 
             return await asyncio.to_thread(read)
-        finally:
-            go.set()
-            release.set()
-            for client in reversed(started):
-                await client.shutdown()
-            await canonical.close()
-            await target.close()
-            await async_engine.dispose()
 
     return asyncio.run(run())
 
@@ -268,6 +330,415 @@ def test_the_shared_pair_lists_both_attempts_each_with_its_plane(collided: Colli
         ]
         # Oldest claim first: A was claimed before the flip, B after it.
         assert [x.storage for x in listed] == [CANONICAL, "awa_qs"]
+
+
+# ------------------------------------------- settling beside the runtimes, the pair colliding
+
+SNOOZE = Snooze(3600)
+"""Long enough that the target runtime never promotes A's successor during a scenario."""
+
+CLAIMERS = ("queue_claimer_state", "queue_claimer_leases")
+
+OWN_CLOCK = frozenset(
+    {
+        "awa.runtime_instances",
+        "awa.queue_descriptors",
+        "awa.job_kind_descriptors",
+        *(f"{schema}.{table}" for schema in ("awa", "awa_qs") for table in CLAIMERS),
+    }
+)
+"""What the runtimes rewrite on their own clock, left out of a snapshot: their liveness
+snapshot, their descriptors' ``last_seen_at`` (refreshed every 10 s, and at shutdown), and
+their claimers' leases and target counts. None of it names a job: a change there says nothing
+about what a call or a completion wrote."""
+
+TABLES = """
+    SELECT format('%I.%I', n.nspname, c.relname)
+    FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
+    WHERE n.nspname IN ('awa', 'awa_qs') AND c.relkind IN ('r', 'p') AND NOT c.relispartition
+    ORDER BY 1
+"""
+"""Every table of both planes, receipts and closures too; a partitioned one through its
+parent. Read from the catalog, so a table Awa adds is covered without a list to update."""
+
+SEQUENCES = """
+    SELECT format('%s.%s', schemaname, sequencename), last_value
+    FROM pg_sequences WHERE schemaname IN ('awa', 'awa_qs') ORDER BY 1
+"""
+
+Snapshot = dict[str, list[Any]]
+
+
+def planes(engine: sa.Engine) -> Snapshot:
+    """Every row of every table of both planes, and every sequence, as of one snapshot."""
+    with engine.connect() as conn:
+        conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        tables = [t for t in conn.execute(sa.text(TABLES)).scalars() if t not in OWN_CLOCK]
+        out: Snapshot = {
+            t: list(conn.execute(sa.text(f"SELECT t::text FROM {t} AS t ORDER BY 1")).scalars())
+            for t in tables
+        }
+        out["sequences"] = [tuple(r) for r in conn.execute(sa.text(SEQUENCES))]
+    return out
+
+
+CLOSING = frozenset(
+    {
+        "awa_qs.lease_claim_closures",
+        "awa_qs.lease_claim_closure_batches",
+        "awa_qs.receipt_completion_batches",
+        "awa_qs.receipt_completion_tombstones",
+        "awa_qs.done_entries",
+        "awa_qs.queue_terminal_count_deltas",
+        "sequences",
+    }
+)
+"""Where a runtime may record a completed receipt (awa-pg 0.6.9 writes closure and completion
+batches; a runtime on the slow path writes per-row closures and done entries instead)."""
+
+
+def changed(before: Snapshot, after: Snapshot) -> set[str]:
+    """The tables (and ``sequences``) whose rows differ between two snapshots."""
+    return {t for t in before.keys() | after.keys() if before.get(t) != after.get(t)}
+
+
+def result_of(call: Callable[[], object]) -> object:
+    """What *call* returned, or the exception it raised: every call is made, then judged."""
+    try:
+        return call()
+    except Exception as exc:
+        return exc
+
+
+async def async_result_of(call: Callable[[], Awaitable[object]]) -> object:
+    try:
+        return await call()
+    except Exception as exc:
+        return exc
+
+
+def sync_calls_for_b(engine: sa.Engine, b: Holder) -> dict[str, object]:
+    """Every documented sync call that could reach B, each in a transaction of its own.
+
+    The bare pair is B's, and A's too; the ``RunningAttempt`` is B's, as ``attempt_of`` gave
+    it in B's handler, as it gives it for a copy of B's job, and as the old recipe lists it.
+    """
+    mine, job = b.mine, b.job
+    assert mine is not None
+    assert job is not None
+    job_id, lease = mine.job_id, mine.run_lease
+    batch = [Attempt(job_id, lease, SNOOZE)]
+    (listed,) = [x for x in b.recipe if x.on_queue_storage]
+
+    def on_conn(fn: Callable[[sa.Connection], object]) -> object:
+        with engine.begin() as conn:
+            return fn(conn)
+
+    def in_session(fn: Callable[[Session], object]) -> object:
+        with Session(engine) as session, session.begin():
+            return fn(session)
+
+    calls: dict[str, Callable[[], object]] = {
+        "bare, Engine": lambda: awa_sa.reschedule_canonical_attempt(engine, job_id, lease, SNOOZE),
+        "bare, Connection": lambda: on_conn(
+            lambda c: awa_sa.reschedule_canonical_attempt(c, job_id, lease, SNOOZE)
+        ),
+        "bare, Session": lambda: in_session(
+            lambda s: awa_sa.reschedule_canonical_attempt(s, job_id, lease, SNOOZE)
+        ),
+        "batch, Engine": lambda: awa_sa.reschedule_canonical_attempts(engine, batch),
+        "batch, Connection": lambda: on_conn(
+            lambda c: awa_sa.reschedule_canonical_attempts(c, batch)
+        ),
+        "settle, Engine": lambda: awa_sa.settle(engine, mine, SNOOZE),
+        "settle, Connection": lambda: on_conn(lambda c: awa_sa.settle(c, mine, SNOOZE)),
+        "settle, Session": lambda: in_session(lambda s: awa_sa.settle(s, mine, SNOOZE)),
+        "settle, attempt_of a copy": lambda: awa_sa.settle(engine, attempt_of(engine, job), SNOOZE),
+        "settle, the recipe's B": lambda: awa_sa.settle(engine, listed, SNOOZE),
+    }
+    return {name: result_of(call) for name, call in calls.items()}
+
+
+async def async_calls_for_b(engine: AsyncEngine, b: Holder) -> dict[str, object]:
+    """The async face of :func:`sync_calls_for_b`: AsyncEngine, AsyncConnection, AsyncSession."""
+    mine = b.mine
+    assert mine is not None
+    job_id, lease = mine.job_id, mine.run_lease
+    batch = [Attempt(job_id, lease, SNOOZE)]
+
+    async def on_conn(fn: Callable[[AsyncConnection], Awaitable[object]]) -> object:
+        async with engine.begin() as conn:
+            return await fn(conn)
+
+    async def in_session(fn: Callable[[AsyncSession], Awaitable[object]]) -> object:
+        async with AsyncSession(engine) as session, session.begin():
+            return await fn(session)
+
+    calls: dict[str, Callable[[], Awaitable[object]]] = {
+        "async bare, AsyncEngine": lambda: awa_async.reschedule_canonical_attempt(
+            engine, job_id, lease, SNOOZE
+        ),
+        "async bare, AsyncConnection": lambda: on_conn(
+            lambda c: awa_async.reschedule_canonical_attempt(c, job_id, lease, SNOOZE)
+        ),
+        "async bare, AsyncSession": lambda: in_session(
+            lambda s: awa_async.reschedule_canonical_attempt(s, job_id, lease, SNOOZE)
+        ),
+        "async batch, AsyncEngine": lambda: awa_async.reschedule_canonical_attempts(engine, batch),
+        "async batch, AsyncConnection": lambda: on_conn(
+            lambda c: awa_async.reschedule_canonical_attempts(c, batch)
+        ),
+        "async settle, AsyncEngine": lambda: awa_async.settle(engine, mine, SNOOZE),
+        "async settle, AsyncConnection": lambda: on_conn(
+            lambda c: awa_async.settle(c, mine, SNOOZE)
+        ),
+        "async settle, AsyncSession": lambda: in_session(
+            lambda s: awa_async.settle(s, mine, SNOOZE)
+        ),
+    }
+    return {name: await async_result_of(call) for name, call in calls.items()}
+
+
+@dataclass
+class Settled:
+    """The rows of one scenario, read at each step (docs/contract.md#bare-pair)."""
+
+    a: Holder
+    b: Holder
+    hot: list[dict[str, Any]]
+    receipts: list[dict[str, Any]]
+    start: Snapshot
+    refused: dict[str, object]
+    untouched: Snapshot
+    moved: object
+    after_move: Snapshot
+    deferred: list[dict[str, Any]]
+    running_after_move: list[RunningAttempt]
+    stale_recipe: object
+    after_stale: Snapshot
+    after_a_completed: Snapshot
+    end: Snapshot
+    running_at_end: list[RunningAttempt]
+    closures: list[dict[str, Any]]
+    closure_batches: list[dict[str, Any]]
+
+
+def settle_beside(pg: EmbeddedPostgres, dbname: str, url: str, engine: sa.Engine) -> Settled:
+    """Refuse every call for B, settle A, then let A's runtime and B's finish, in that order.
+
+    A's runtime is stopped (which waits for its completion of A) while B is still held, so
+    whatever that completion wrote is read before B's runtime writes anything.
+    """
+
+    async def run() -> Settled:
+        async with held_pair(pg, dbname, url) as held:
+            a, b = held.a, held.b
+            mine_a = a.mine
+            assert mine_a is not None
+            (recipe_a,) = [x for x in b.recipe if not x.on_queue_storage]
+
+            def first() -> tuple[list[dict[str, Any]], list[dict[str, Any]], Snapshot]:
+                return (
+                    rows(engine, "SELECT * FROM awa.jobs_hot"),
+                    rows(engine, "SELECT * FROM awa_qs.lease_claims"),
+                    planes(engine),
+                )
+
+            hot, receipts, start = await asyncio.to_thread(first)
+            refused = await asyncio.to_thread(sync_calls_for_b, engine, b)
+            refused |= await async_calls_for_b(held.engine, b)
+            untouched = await asyncio.to_thread(planes, engine)
+            moved = await asyncio.to_thread(
+                result_of, lambda: awa_sa.settle(engine, mine_a, SNOOZE)
+            )
+
+            def after_move() -> tuple[Snapshot, list[dict[str, Any]], list[RunningAttempt]]:
+                return (
+                    planes(engine),
+                    rows(engine, "SELECT * FROM awa_qs.deferred_jobs"),
+                    running_attempts(engine),
+                )
+
+            after, deferred, running_after = await asyncio.to_thread(after_move)
+            stale = await asyncio.to_thread(
+                result_of, lambda: awa_sa.settle(engine, recipe_a, SNOOZE)
+            )
+            after_stale = await asyncio.to_thread(planes, engine)
+            a.release.set()
+            await held.stop(held.canonical)  # waits for its completion of A
+            after_a = await asyncio.to_thread(planes, engine)
+            b.release.set()
+            await held.stop(held.target)  # waits for its completion of B
+
+            def last() -> tuple[Snapshot, list[RunningAttempt], list[Any], list[Any]]:
+                return (
+                    planes(engine),
+                    running_attempts(engine),
+                    rows(engine, "SELECT * FROM awa_qs.lease_claim_closures"),
+                    rows(engine, "SELECT * FROM awa_qs.lease_claim_closure_batches"),
+                )
+
+            end, running_end, closures, closure_batches = await asyncio.to_thread(last)
+            return Settled(
+                a=a,
+                b=b,
+                hot=hot,
+                receipts=receipts,
+                start=start,
+                refused=refused,
+                untouched=untouched,
+                moved=moved,
+                after_move=after,
+                deferred=deferred,
+                running_after_move=running_after,
+                stale_recipe=stale,
+                after_stale=after_stale,
+                after_a_completed=after_a,
+                end=end,
+                running_at_end=running_end,
+                closures=closures,
+                closure_batches=closure_batches,
+            )
+
+    return asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def settled(pg: EmbeddedPostgres, real_template: str) -> Iterator[Settled]:
+    """One cluster for the whole scenario: its steps are read by the tests below."""
+    name = f"settle_{uuid.uuid4().hex[:12]}"
+    janitor = _janitor(pg, name, template=real_template)
+    janitor.init()
+    url = database_url(pg, name)
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    try:
+        yield settle_beside(pg, name, url, engine)
+    finally:
+        engine.dispose()
+        janitor.drop()
+
+
+def test_every_call_for_the_queue_storage_attempt_is_refused_and_writes_nothing(
+    settled: Settled,
+) -> None:
+    """While both handlers hold, B's pair is A's too: no documented call for B may move A."""
+    [hot] = settled.hot
+    [receipt] = settled.receipts
+    # The collision is real and no sequence was set: both planes' first job, first lease.
+    assert (hot["id"], hot["run_lease"], hot["state"]) == (1, 1, "running")
+    assert hot["args"] == {"who": "canonical A"}
+    assert (receipt["job_id"], receipt["run_lease"], receipt["closed_at"]) == (1, 1, None)
+    sequences = dict(settled.start["sequences"])
+    assert (sequences["awa.jobs_id_seq"], sequences["awa_qs.job_id_seq"]) == (1, 1)
+    b = settled.b.mine
+    assert b is not None
+    assert (b.storage, b.job_id, b.run_lease, b.receipt_id) == (
+        "awa_qs",
+        1,
+        1,
+        receipt["receipt_id"],
+    )
+
+    bare = {name for name in settled.refused if "bare" in name or "batch" in name}
+    assert len(bare) == 10
+    assert len(settled.refused) - len(bare) == 8  # the settles, sync and async
+    for name, result in settled.refused.items():
+        assert isinstance(result, QueueStorageAttempt), (name, result)
+        assert (result.job_id, result.run_lease, result.schema) == (1, 1, "awa_qs"), name
+        # A bare pair also names A; B's own RunningAttempt names B alone.
+        assert result.canonical_too is (name in bare), name
+    assert changed(settled.start, settled.untouched) == set()
+
+
+def test_settle_with_as_attempt_moves_a_alone(settled: Settled) -> None:
+    """``settle`` given A's attempt, as ``attempt_of`` resolved A's job, moves A and only A."""
+    a, b = settled.a.mine, settled.b.mine
+    assert a is not None
+    assert b is not None
+    [hot] = settled.hot
+    moved = settled.moved
+    assert isinstance(moved, Migrated), moved
+    # A fresh id from awa_qs.job_id_seq, which B's enqueue had taken to 1.
+    assert moved.job_id == dict(settled.after_move["sequences"])["awa_qs.job_id_seq"] == 2
+    assert moved.attempt == a.attempt - 1 == 0
+    [successor] = settled.deferred
+    assert successor["job_id"] == moved.job_id
+    assert successor["args"] == {"who": "canonical A"}
+    assert (successor["kind"], successor["queue"], successor["state"]) == (
+        "mail",
+        "mail",
+        "scheduled",
+    )
+    assert (successor["run_at"], successor["attempt"]) == (moved.run_at, 0)
+    assert successor["created_at"] == hot["created_at"]
+    # Exactly the tables a migration writes (docs/contract.md#queue-storage): A's row leaves
+    # jobs_hot, its successor enters deferred_jobs, the dirty marks and the id sequence move.
+    # Every receipt table of awa_qs, B's open claim among them, is as it was.
+    assert changed(settled.untouched, settled.after_move) == {
+        "awa.jobs_hot",
+        "awa.admin_dirty_queue_marks",
+        "awa.admin_dirty_kind_marks",
+        "awa_qs.deferred_jobs",
+        "sequences",
+    }
+    assert settled.after_move["awa.jobs_hot"] == []
+    [still] = settled.running_after_move
+    assert (still.storage, still.job_id, still.run_lease, still.receipt_id) == (
+        "awa_qs",
+        1,
+        1,
+        b.receipt_id,
+    )
+    assert still.args == {"who": "queue storage B"}
+
+
+def test_each_runtime_then_finishes_and_only_b_is_closed(settled: Settled) -> None:
+    """A's runtime completes A after awa-sa moved it, then B's runtime completes B."""
+    a, b = settled.a, settled.b
+    # A's runtime was stopped after A's handler returned, while B's still held: its
+    # completion of A found nothing to complete, and wrote nothing anywhere; it ran A once.
+    assert (a.calls, a.returned) == (1, True)
+    assert changed(settled.after_stale, settled.after_a_completed) == set()
+    # Then B's runtime completed B: its receipt closed, completed, once; nothing else moved.
+    assert (b.calls, b.returned) == (1, True)
+    assert b.mine is not None
+    assert settled.running_at_end == []
+    closed = [(c["job_id"], c["run_lease"], c["outcome"]) for c in settled.closures] + [
+        (1, 1, c["outcome"])
+        for c in settled.closure_batches
+        if b.mine.receipt_id in c["receipt_ids"]
+    ]
+    assert closed == [(1, 1, "completed")]
+    assert len(settled.closure_batches) + len(settled.closures) == 1  # nothing closed for A
+    written = changed(settled.after_a_completed, settled.end)
+    assert written <= CLOSING, written
+    # A stays where awa-sa put it: not retried, not completed, not back in jobs_hot.
+    for table in ("awa.jobs_hot", "awa_qs.deferred_jobs", "awa_qs.ready_entries"):
+        assert settled.end[table] == settled.after_move[table], table
+    assert settled.end["awa_qs.done_entries"] == settled.start["awa_qs.done_entries"] == []
+
+
+def test_the_old_recipe_lists_both_and_each_settles_on_its_own_plane(settled: Settled) -> None:
+    """``running_attempts(conn, job_id=job.id, attempt=job.attempt)`` in B's handler, which
+    once returned A's row alone, lists both attempts, each naming its plane."""
+    a, b = settled.a.mine, settled.b.mine
+    assert a is not None
+    assert b is not None
+    for holder in (settled.a, settled.b):
+        listed = holder.recipe
+        assert [(x.storage, x.job_id, x.run_lease) for x in listed] == [
+            (CANONICAL, 1, 1),
+            ("awa_qs", 1, 1),
+        ]
+        assert _same_claim(listed[0], a)
+        assert _same_claim(listed[1], b)
+        assert [x.args["who"] for x in listed] == ["canonical A", "queue storage B"]
+    # The recipe's B is refused, with nothing written (the first test's snapshot) ...
+    assert isinstance(settled.refused["settle, the recipe's B"], QueueStorageAttempt)
+    # ... and the recipe's A, once A has moved, is Stale: its own plane has nothing left under
+    # the pair, and B's open claim under the same pair is not looked at, nor written.
+    assert isinstance(settled.stale_recipe, Stale)
+    assert changed(settled.after_move, settled.after_stale) == set()
 
 
 # ------------------------------------------------------------ a fresh, auto-finalized cluster

@@ -18,8 +18,6 @@ from typing import Any
 
 import pytest
 
-import pytest
-
 pytestmark = pytest.mark.slow  # the whole benchmark, about 20 s at its smallest
 
 ROOT = Path(__file__).resolve().parents[2]

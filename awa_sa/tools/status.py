@@ -94,14 +94,14 @@ PLANES = {
 WHAT_AWA_SA_CAN_DO = {
     "canonical": (
         "every running attempt is a row of awa.jobs_hot: awa-sa lists, resolves and "
-        "re-schedules them"
+        "settles them every way"
     ),
     "prepared": (
         "routing is still canonical, so every running attempt is a row of awa.jobs_hot: awa-sa "
-        "lists, resolves and re-schedules them"
+        "lists, resolves and settles them every way"
     ),
     "mixed": (
-        "attempts claimed before the flip still run in awa.jobs_hot and awa-sa re-schedules "
+        "attempts claimed before the flip still run in awa.jobs_hot and awa-sa settles "
         "them; new claims are queue-storage receipts, which awa-sa lists and resolves "
         "(running_attempts, attempt_of) but cannot settle yet"
     ),

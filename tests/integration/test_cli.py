@@ -255,6 +255,7 @@ def test_status_url_from_environment(db_url: str) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "phase        canonical (epoch 0)" in proc.stdout
+    assert "plane        canonical: every running attempt is a row of awa.jobs_hot" in proc.stdout
 
 
 def test_status_accepts_awa_style_url(pg: EmbeddedPostgres, db_url: str) -> None:

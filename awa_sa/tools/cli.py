@@ -25,7 +25,8 @@ from awa_sa.errors import AwaSAError
 from awa_sa.tools import demo as demo_mod
 from awa_sa.tools import listing
 from awa_sa.tools.errors import DemoUnavailable
-from awa_sa.tools.status import ClusterStatus, explain, read_status
+from awa_sa.tools.planes import explain
+from awa_sa.tools.status import ClusterStatus, read_status
 
 _CONNECT_TIMEOUT_SECS = 10
 """Long enough for a slow network, short enough that a wrong host does not look like a hang."""

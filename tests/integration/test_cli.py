@@ -23,7 +23,7 @@ from racing import in_thread
 import awa_sa_schema
 from awa_sa.tables import jobs_hot, scheduled_jobs
 from awa_sa.testing.server import EmbeddedPostgres
-from awa_sa.tools import demo
+from awa_sa.tools import scratch
 
 OUTCOMES = ("Rescheduled", "Migrated", "CancelledDuplicate", "Stale")
 
@@ -116,7 +116,7 @@ def test_demo_drops_its_database_after_a_ctrl_c_in_the_middle_of_a_connect(
         raise KeyboardInterrupt
 
     def walk() -> None:
-        with demo._fresh_database(url) as engine:
+        with scratch.fresh_database(url) as engine:
             interrupted_connect(engine)
 
     pending = in_thread(walk)

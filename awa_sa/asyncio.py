@@ -12,8 +12,8 @@ sync engine, its pool and its events are the same either way.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
 
 try:  # SQLAlchemy's own message would name its extra, not ours
     importlib.import_module("greenlet")
@@ -25,15 +25,21 @@ except ImportError as exc:
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from awa_sa import forms
-from awa_sa.calls import Call, prepare, prepare_all
+from awa_sa.calls import AnyCall, prepare, prepare_all, prepare_batch, prepare_result
 from awa_sa.drivers import check_dialect
 from awa_sa.errors import ValidationError, translated
 from awa_sa.internals import greenlet_spawn
-from awa_sa.kinds import Attempt, Kind, Outcome
+from awa_sa.kinds import Attempt, Ending, Kind, Outcome, Result, Settle
 from awa_sa.reschedule import settling
 from awa_sa.running import RunningAttempt
 
-__all__ = ["reschedule_canonical_attempt", "reschedule_canonical_attempts", "settle"]
+__all__ = [
+    "reschedule_canonical_attempt",
+    "reschedule_canonical_attempts",
+    "settle",
+    "settle_canonical_attempt",
+    "settle_canonical_attempts",
+]
 
 
 async def reschedule_canonical_attempt(
@@ -72,7 +78,8 @@ async def reschedule_canonical_attempt(
         True
     """
     _check_bind(bind)
-    return (await _within(bind, [prepare(job_id, run_lease, kind, error, progress)]))[0]
+    outcome = (await _within(bind, [prepare(job_id, run_lease, kind, error, progress)]))[0]
+    return cast(Outcome, outcome)  # a re-schedule's
 
 
 async def reschedule_canonical_attempts(
@@ -81,20 +88,43 @@ async def reschedule_canonical_attempts(
     """Async :func:`awa_sa.reschedule_canonical_attempts`; same arguments, outcomes and errors."""
     _check_bind(bind)
     calls = prepare_all(attempts)
+    return cast(list[Outcome], await _within(bind, calls)) if calls else []
+
+
+async def settle_canonical_attempt(
+    bind: AsyncEngine | AsyncConnection | AsyncSession,
+    job_id: int,
+    run_lease: int,
+    result: Result,
+    *,
+    error: Any = None,
+    progress: Any = None,
+) -> Ending:
+    """Async :func:`awa_sa.settle_canonical_attempt`; same arguments, outcomes and errors."""
+    _check_bind(bind)
+    return (await _within(bind, [prepare_result(job_id, run_lease, result, error, progress)]))[0]
+
+
+async def settle_canonical_attempts(
+    bind: AsyncEngine | AsyncConnection | AsyncSession, attempts: Iterable[Settle | Attempt]
+) -> list[Ending]:
+    """Async :func:`awa_sa.settle_canonical_attempts`; same arguments, outcomes and errors."""
+    _check_bind(bind)
+    calls = prepare_batch(attempts)
     return await _within(bind, calls) if calls else []
 
 
 async def settle(
     bind: AsyncEngine | AsyncConnection | AsyncSession,
     attempt: RunningAttempt,
-    kind: Kind,
+    result: Result,
     *,
     error: Any = None,
     progress: Any = None,
-) -> Outcome:
+) -> Ending:
     """Async :func:`awa_sa.settle`; same arguments, outcomes and errors."""
     _check_bind(bind)
-    return (await _within(bind, [settling(attempt, kind, error, progress)]))[0]
+    return (await _within(bind, [settling(attempt, result, error, progress)]))[0]
 
 
 def _check_bind(bind: object) -> None:
@@ -110,8 +140,8 @@ def _check_bind(bind: object) -> None:
 
 
 async def _within(
-    bind: AsyncEngine | AsyncConnection | AsyncSession, calls: list[Call]
-) -> list[Outcome]:
+    bind: AsyncEngine | AsyncConnection | AsyncSession, calls: Sequence[AnyCall]
+) -> list[Ending]:
     if isinstance(bind, AsyncEngine):
         return await greenlet_spawn(forms.within, bind.sync_engine, calls)
     with translated():  # a connection that died under run_sync, or a Session's autobegin

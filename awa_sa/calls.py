@@ -15,9 +15,21 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from awa_sa.errors import ValidationError
-from awa_sa.kinds import Attempt, Kind, RetryAfter, RetryBackoff, Snooze, check_delay
+from awa_sa.kinds import (
+    Attempt,
+    Cancel,
+    Complete,
+    Fail,
+    Kind,
+    RetryAfter,
+    RetryBackoff,
+    Settle,
+    Snooze,
+    check_delay,
+)
 from awa_sa.running import RunningAttempt
 from awa_sa.statements.attempts import KindTag, MoveItem
+from awa_sa.statements.endings import EndItem, EndTag
 
 _BIGINT_MIN, _BIGINT_MAX = -(2**63), 2**63 - 1
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
@@ -91,20 +103,123 @@ def prepare(
     return Call(kind, item)
 
 
+@dataclass(frozen=True, slots=True)
+class EndCall:
+    """One validated ending: the result asked for and the ending statement's parameters."""
+
+    kind: Complete | Cancel | Fail
+    item: EndItem
+
+    @property
+    def job_id(self) -> int:
+        return self.item.job_id
+
+    @property
+    def bare(self) -> bool:
+        """As :attr:`Call.bare`."""
+        return self.item.kind is None
+
+
+AnyCall = Call | EndCall
+
+
+def prepare_result(
+    job_id: object,
+    run_lease: object,
+    result: object,
+    error: object,
+    progress: object,
+    *,
+    named: RunningAttempt | None = None,
+) -> AnyCall:
+    """Any result's arguments as a call: an ending as :class:`EndCall`, else :func:`prepare`."""
+    if not isinstance(result, Complete | Cancel | Fail):
+        if not isinstance(result, Snooze | RetryAfter | RetryBackoff):
+            raise ValidationError(
+                "result must be Complete, Cancel, Fail, Snooze, RetryAfter or RetryBackoff, "
+                f"got {result!r}"
+            )
+        return prepare(job_id, run_lease, result, error, progress, named=named)
+    if error is not None:
+        raise ValidationError("error= is for a re-schedule; Cancel and Fail carry their own text")
+    tag: EndTag
+    message: str | None = None
+    if isinstance(result, Complete):
+        tag = "complete"
+    elif isinstance(result, Cancel):
+        tag, message = "cancel", _text("Cancel reason", result.reason)
+    else:
+        tag = "fail_terminal" if result.terminal else "fail"
+        message = _text("Fail error", result.error)
+    item = EndItem(
+        _bigint("job_id", job_id),
+        _bigint("run_lease", run_lease),
+        tag,
+        message,
+        _json_text("progress", progress),
+    )
+    if named is not None:
+        item = item._replace(kind=named.kind, queue=named.queue, attempt=named.attempt)
+    return EndCall(result, item)
+
+
+def retry_of(call: EndCall, attempt: int, at: str) -> Call:
+    """The re-schedule with backoff of a retryable failure with attempts left, its error
+    entry built as the worker builds it: the text, the attempt that failed, the clock."""
+    entry = json.dumps({"error": call.item.message, "attempt": attempt, "at": at})
+    item = MoveItem(
+        call.item.job_id,
+        call.item.run_lease,
+        "retry_backoff",
+        None,
+        entry,
+        call.item.progress,
+        call.item.kind,
+        call.item.queue,
+        call.item.attempt,
+    )
+    return Call(RetryBackoff(), item)
+
+
+def _text(name: str, value: str) -> str:
+    """Text PostgreSQL can store: no U+0000, no lone surrogate."""
+    if "\x00" in value:
+        raise ValidationError(f"{name} contains U+0000, which PostgreSQL text cannot store")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValidationError(f"{name} is not valid Unicode: {exc}") from exc
+    return value
+
+
 def prepare_all(attempts: object) -> list[Call]:
-    """Validate a whole batch before any statement; a refusal names the item's index."""
+    """Validate a batch of re-schedules before any statement; a refusal names the item."""
+    calls = prepare_batch(attempts, endings=False)
+    return [call for call in calls if isinstance(call, Call)]
+
+
+def prepare_batch(attempts: object, *, endings: bool = True) -> list[AnyCall]:
+    """Validate a whole batch before any statement; a refusal names the item's index.
+
+    *endings*: items are :class:`~awa_sa.kinds.Settle` (or re-schedule ``Attempt``) of any
+    result; otherwise ``Attempt`` re-schedules only.
+    """
     if isinstance(attempts, str | bytes | Mapping) or not isinstance(attempts, Iterable):
         raise ValidationError(
             f"attempts must be an iterable of Attempt, got {type(attempts).__name__}"
         )
-    calls = []
+    accepted = (Attempt, Settle) if endings else (Attempt,)
+    calls: list[AnyCall] = []
     for index, item in enumerate(attempts):
-        if not isinstance(item, Attempt):
+        if not isinstance(item, accepted):
+            names = " or ".join(kind.__name__ for kind in accepted)
             raise ValidationError(
-                f"attempts[{index}] must be an Attempt, got {type(item).__name__}"
+                f"attempts[{index}] must be an {names}, got {type(item).__name__}"
             )
+        result = item.result if isinstance(item, Settle) else item.kind
+        make = prepare_result if endings else prepare
         try:
-            calls.append(prepare(item.job_id, item.run_lease, item.kind, item.error, item.progress))
+            calls.append(make(item.job_id, item.run_lease, result, item.error, item.progress))
         except ValidationError as exc:
             raise ValidationError(f"attempts[{index}]: {exc}") from exc
     return calls

@@ -33,13 +33,15 @@ from dataclasses import dataclass
 from sqlalchemy import Connection
 
 from awa_sa import migrate, moves
-from awa_sa.calls import Call, items
+from awa_sa.calls import AnyCall, Call, EndCall, items, retry_of
 from awa_sa.compiled import run
-from awa_sa.errors import ValidationError, translated
+from awa_sa.errors import QueueStorageAttempt, ValidationError, translated
 from awa_sa.internals import in_autocommit
-from awa_sa.kinds import Outcome
+from awa_sa.kinds import Cancelled, Completed, Ending, Failed, Outcome, Stale
 from awa_sa.queue_storage import translate_map
 from awa_sa.statements.canonical import MOVE_IF_CANONICAL, ROUTED_MOVE, ROUTING_LOCK, GoOn
+from awa_sa.statements.endings import END_ATTEMPTS, Answer, EndItem
+from awa_sa.statements.receipts import OPEN_CLAIMS
 
 log = logging.getLogger("awa_sa")
 
@@ -56,15 +58,121 @@ class Settled:
     routing: str
 
 
-def settle(conn: Connection, calls: Sequence[Call]) -> list[Outcome]:
-    """Inside the transaction *conn* has: the one statement, then what it says to go on with."""
+def settle(conn: Connection, calls: Sequence[AnyCall]) -> list[Ending]:
+    """Inside the transaction *conn* has: each run of re-schedules or endings in turn.
+
+    Consecutive calls of one class share their statements; the runs keep the caller's order,
+    so a batch's rows are those of its items settled one after another.
+    """
     with _failing(calls, UNDECIDED):
         if in_autocommit(conn):
             # Each statement would commit alone: the routing lock would be gone before the
             # write, and the savepoints would protect nothing.
             raise ValidationError("bind is in AUTOCOMMIT mode; the reschedule needs a transaction")
+    outcomes: list[Ending] = []
+    for moving, ending in _runs(calls):
+        outcomes += _rescheduled(conn, moving) if moving else _ended(conn, ending)
+    return outcomes
+
+
+def _runs(calls: Sequence[AnyCall]) -> Iterator[tuple[list[Call], list[EndCall]]]:
+    """The calls in runs of one class: ``(re-schedules, [])`` or ``([], endings)``."""
+    moving: list[Call] = []
+    ending: list[EndCall] = []
+    for call in calls:
+        if (isinstance(call, Call) and ending) or (isinstance(call, EndCall) and moving):
+            yield moving, ending
+            moving, ending = [], []
+        (moving if isinstance(call, Call) else ending).append(call)  # type: ignore[arg-type]
+    if moving or ending:
+        yield moving, ending
+
+
+def _rescheduled(conn: Connection, calls: Sequence[Call]) -> list[Outcome]:
+    """Steps 2 to 5 for re-schedules: the one statement, then what it says to go on with."""
     first = one_statement(conn, calls)
     return _logged(calls, first if isinstance(first, Settled) else _go_on(conn, calls, first))
+
+
+def _ended(conn: Connection, calls: Sequence[EndCall]) -> list[Ending]:
+    """The endings, then the re-schedule of each retryable failure with attempts left."""
+    answered = endings(conn, calls)
+    retries = [(index, call) for index, call in enumerate(answered) if isinstance(call, Call)]
+    outcomes: list[Ending] = [a for a in answered if not isinstance(a, Call)]
+    if not retries:
+        return outcomes
+    merged: list[Ending] = []
+    moved = iter(_rescheduled(conn, [call for _, call in retries]))
+    ended = iter(outcomes)
+    for answer in answered:
+        merged.append(next(moved) if isinstance(answer, Call) else next(ended))
+    return merged
+
+
+def endings(conn: Connection, calls: Sequence[EndCall]) -> list[Ending | Call]:
+    """The one UPDATE that ends attempts (docs/contract.md#endings), or one per attempt when
+    two of them share a unique key; a retryable failure with attempts left comes back as the
+    re-schedule it becomes. No routing lock: an ending never migrates."""
+    answered = _end(conn, calls)
+    if answered is None:
+        # The one-row statement has no shared key to check: it always answers.
+        answered = [answer for call in calls for answer in _end(conn, [call]) or ()]
+    if log.isEnabledFor(logging.DEBUG):
+        for call, answer in zip(calls, answered, strict=True):
+            if not isinstance(answer, Call):  # a retry is logged as the re-schedule it is
+                _log(call, CANONICAL, type(answer).__name__)
+    return answered
+
+
+def _end(conn: Connection, calls: Sequence[EndCall]) -> list[Ending | Call] | None:
+    items = [call.item for call in calls]
+    with _failing(calls, CANONICAL):
+        ended = run(conn, END_ATTEMPTS, items)
+    if ended.shared_key:
+        return None
+    answers = {(a.job_id, a.run_lease): a for a in ended.answers}
+    unchecked = [
+        item for item in items if item.kind is None and (item.job_id, item.run_lease) not in answers
+    ]
+    if ended.routing_schema is not None and unchecked:
+        answers |= _checked_then_ended(conn, calls, unchecked, ended.routing_schema)
+    first: dict[tuple[int, int], int] = {}
+    for index, item in enumerate(items):
+        first.setdefault((item.job_id, item.run_lease), index)
+    answered: list[Ending | Call] = [Stale()] * len(calls)
+    for pair, answer in answers.items():
+        call = calls[first[pair]]
+        if answer.ended is None:
+            assert answer.attempt is not None  # a retried row answers with its attempt
+            answered[first[pair]] = retry_of(call, answer.attempt, ended.at)
+        else:
+            answered[first[pair]] = _ending(call, answer.ended)
+    return answered
+
+
+def _checked_then_ended(
+    conn: Connection, calls: Sequence[EndCall], unchecked: list[EndItem], schema: str
+) -> dict[tuple[int, int], Answer]:
+    """Bare pairs the UPDATE left alone while routing is queue storage: refused if one names
+    an open claim of *schema* (docs/contract.md#bare-pair), else ended now."""
+    with _failing(calls, schema):
+        translate_map(schema)
+        claimed = run(conn, OPEN_CLAIMS, unchecked, schema)
+        for item in unchecked:
+            pair = (item.job_id, item.run_lease)
+            if pair in claimed:
+                raise QueueStorageAttempt(*pair, schema, canonical_too=claimed[pair])
+    with _failing(calls, CANONICAL):
+        again = run(conn, END_ATTEMPTS, [item._replace(checked=True) for item in unchecked])
+    return {(a.job_id, a.run_lease): a for a in again.answers}
+
+
+def _ending(call: EndCall, state: str) -> Ending:
+    if state == "completed":
+        return Completed(call.job_id)
+    if state == "cancelled":
+        return Cancelled(call.job_id)
+    return Failed(call.job_id, terminal=call.item.tag == "fail_terminal")
 
 
 def alone(conn: Connection, calls: Sequence[Call]) -> list[Outcome] | GoOn:
@@ -136,7 +244,7 @@ def _queue_storage(conn: Connection, calls: Sequence[Call], schema: str) -> Sett
 
 
 @contextmanager
-def _failing(calls: Sequence[Call], routing: str) -> Iterator[None]:
+def _failing(calls: Sequence[AnyCall], routing: str) -> Iterator[None]:
     """The block's errors translated, and each attempt's failure logged under *routing*."""
     try:
         with translated():
@@ -155,7 +263,7 @@ def _logged(calls: Sequence[Call], settled: Settled) -> list[Outcome]:
     return settled.outcomes
 
 
-def _log(call: Call, routing: str, outcome: str) -> None:
+def _log(call: AnyCall, routing: str, outcome: str) -> None:
     kind = type(call.kind).__name__
     log.debug(
         "reschedule job_id=%d kind=%s routing=%s outcome=%s",

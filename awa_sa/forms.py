@@ -17,11 +17,11 @@ from sqlalchemy import Connection, Dialect, Engine
 from sqlalchemy.exc import UnboundExecutionError
 
 from awa_sa import flow
-from awa_sa.calls import Call
+from awa_sa.calls import AnyCall, Call, EndCall
 from awa_sa.drivers import check_dialect
 from awa_sa.errors import CONNECTION_LOST, DatabaseError, ValidationError, translated
 from awa_sa.internals import connect_isolation_level, driver_autocommit
-from awa_sa.kinds import Outcome
+from awa_sa.kinds import Ending
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -60,7 +60,7 @@ def _session_types() -> tuple[type[Session], ...]:
     return () if orm is None else (orm.Session,)
 
 
-def within(bind: Engine | Connection | Session, calls: Sequence[Call]) -> list[Outcome]:
+def within(bind: Engine | Connection | Session, calls: Sequence[AnyCall]) -> list[Ending]:
     """The Engine form (own connection and transaction, committed) or the Connection form.
 
     Also the AsyncEngine form, run whole in one greenlet by :mod:`awa_sa.asyncio`. The Engine
@@ -77,18 +77,42 @@ def within(bind: Engine | Connection | Session, calls: Sequence[Call]) -> list[O
     # translated too.
     with translated(), bind.connect() as conn:
         if _alone_in_autocommit(bind):
-            with driver_autocommit(conn) as switched:
-                first = _guarded(conn, lambda: flow.alone(conn, calls)) if switched else None
-            if isinstance(first, list):
-                return first
-            conn.rollback()  # ends SQLAlchemy's autobegun transaction; nothing to send
-            with conn.begin():  # the one statement said to go on: the two-statement path
-                return _guarded(conn, lambda: flow.go_on(conn, calls))
+            done = _alone(conn, calls)
+            if done is not None:
+                return done
         with conn.begin():
             return in_transaction(conn, calls)
 
 
-def in_transaction(conn: Connection, calls: Sequence[Call]) -> list[Outcome]:
+def _alone(conn: Connection, calls: Sequence[AnyCall]) -> list[Ending] | None:
+    """The Engine form's statements alone in autocommit, or None to take a transaction.
+
+    Re-schedules send the one statement, and go on in a transaction only when it says so. A
+    single ending is one UPDATE, and comes back as the re-schedule it becomes when it is a
+    retryable failure with attempts left. A batch with endings takes a transaction.
+    """
+    moving = [call for call in calls if isinstance(call, Call)]
+    if len(moving) < len(calls):
+        (ending,) = calls if len(calls) == 1 else (None,)
+        if not isinstance(ending, EndCall):
+            return None
+        with driver_autocommit(conn) as switched:
+            if not switched:
+                return None
+            (answer,) = _guarded(conn, lambda: flow.endings(conn, [ending]))
+        if not isinstance(answer, Call):
+            return [answer]
+        moving = [answer]
+    with driver_autocommit(conn) as switched:
+        first = _guarded(conn, lambda: flow.alone(conn, moving)) if switched else None
+    if isinstance(first, list):
+        return list(first)
+    conn.rollback()  # ends SQLAlchemy's autobegun transaction; nothing to send
+    with conn.begin():  # the one statement said to go on: the two-statement path
+        return list(_guarded(conn, lambda: flow.go_on(conn, moving)))
+
+
+def in_transaction(conn: Connection, calls: Sequence[AnyCall]) -> list[Ending]:
     """The flow inside whatever transaction *conn* has; the Connection and Session form."""
     return _guarded(conn, lambda: flow.settle(conn, calls))
 

@@ -1,4 +1,4 @@
-"""What a handler asked for (the three kinds), a batch item, and what became of the attempt.
+"""What a handler asked for (a re-schedule or an ending), a batch item, and what became of it.
 
 Plain frozen values: they cross thread and event-loop boundaries and are compared in tests.
 A delay is checked when the kind is built, so a NaN never gets as far as a connection.
@@ -7,6 +7,7 @@ A delay is checked when the kind is built, so a NaN never gets as far as a conne
 from __future__ import annotations
 
 import math
+import traceback
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -26,6 +27,10 @@ def check_delay(delay_secs: object) -> None:
     if not finite:
         # PostgreSQL turns NaN into a huge negative interval and infinity into an error.
         raise ValidationError(f"delay_secs must be finite, got {delay_secs!r}")
+    if delay_secs < 0:
+        # Awa's SQL would take one (a run_at in the past); its worker never sends one, its
+        # delays being durations (docs/contract.md#differences).
+        raise ValidationError(f"delay_secs must not be negative, got {delay_secs!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +90,54 @@ class RetryBackoff:
 
 
 Kind = Snooze | RetryAfter | RetryBackoff
+"""The re-schedules: the attempt runs again later."""
+
+
+@dataclass(frozen=True, slots=True)
+class Complete:
+    """The handler succeeded: the attempt ends ``completed`` (awa-pg: the handler returns)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """End the job ``cancelled``, with ``cancelled: <reason>`` in its errors (``awa.Cancel``)."""
+
+    reason: str = "cancelled by handler"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.reason, str):
+            raise ValidationError(f"Cancel reason must be a str, got {self.reason!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """The handler failed with *error* (the text of the error entry), as Awa's worker decides.
+
+    ``terminal`` (``awa.TerminalError``): the job ends ``failed`` now, the entry marked
+    ``"terminal": true``. Otherwise a retryable failure: retried with Awa's backoff while the
+    attempt is below ``max_attempts``, and ``failed`` (no ``terminal`` key) on the final one,
+    decided from the attempt's own row. :meth:`of` writes the text as the worker does.
+    """
+
+    error: str
+    terminal: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.error, str):
+            raise ValidationError(f"Fail error must be a str, got {self.error!r}")
+        if not isinstance(self.terminal, bool):
+            raise ValidationError(f"Fail terminal must be a bool, got {self.terminal!r}")
+
+    @classmethod
+    def of(cls, exc: BaseException, *, terminal: bool = False) -> Fail:
+        """The failure of *exc*, its text as awa-pg writes it: ``"<type>: <message>"``, then
+        the last 10 lines of its traceback."""
+        trace = "".join(traceback.format_exception(exc)).rstrip("\n").split("\n")[-10:]
+        return cls(f"{type(exc).__qualname__}: {exc}\n" + "\n".join(trace), terminal)
+
+
+Result = Kind | Complete | Cancel | Fail
+"""Every way a handler can end its attempt."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +150,17 @@ class Attempt:
     job_id: int
     run_lease: int
     kind: Kind
+    error: Any = None
+    progress: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """One item of ``settle_canonical_attempts``: any result, checked when the batch is."""
+
+    job_id: int
+    run_lease: int
+    result: Result
     error: Any = None
     progress: Any = None
 
@@ -135,3 +199,30 @@ class Stale:
 
 
 Outcome = Rescheduled | Migrated | CancelledDuplicate | Stale
+"""What a re-schedule did."""
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    """The attempt ended ``completed``, its row left in ``awa.jobs_hot`` under its id."""
+
+    job_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    """The job ended ``cancelled``, its row left in ``awa.jobs_hot`` under its id."""
+
+    job_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The job ended ``failed``: a terminal failure, or a retryable one on its final attempt."""
+
+    job_id: int
+    terminal: bool
+
+
+Ending = Outcome | Completed | Cancelled | Failed
+"""What a settle did: an ending, or what a re-schedule does."""

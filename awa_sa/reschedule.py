@@ -1,4 +1,4 @@
-"""The re-schedule of running attempts: the public calls (docs/contract.md).
+"""Settling running attempts: the public calls (docs/contract.md).
 
 Each call validates every input first (:mod:`awa_sa.calls`), then runs the one flow
 (:mod:`awa_sa.flow`) in the form its bind asks for (:mod:`awa_sa.forms`). A single call is a
@@ -9,14 +9,14 @@ another in the same transaction.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Connection, Engine
 
-from awa_sa.calls import Call, prepare, prepare_all
+from awa_sa.calls import AnyCall, prepare, prepare_all, prepare_batch, prepare_result
 from awa_sa.errors import QueueStorageAttempt, ValidationError
 from awa_sa.forms import check_bind, within
-from awa_sa.kinds import Attempt, Kind, Outcome
+from awa_sa.kinds import Attempt, Ending, Kind, Outcome, Result, Settle
 from awa_sa.running import RunningAttempt
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ def reschedule_canonical_attempt(
     :class:`~awa_sa.errors.DatabaseError`; see :mod:`awa_sa.errors` for what each leaves behind.
     """
     check_bind(bind)
-    return within(bind, [prepare(job_id, run_lease, kind, error, progress)])[0]
+    return _rescheduled(within(bind, [prepare(job_id, run_lease, kind, error, progress)]))[0]
 
 
 def reschedule_canonical_attempts(
@@ -76,31 +76,71 @@ def reschedule_canonical_attempts(
     """
     check_bind(bind)
     calls = prepare_all(attempts)
+    return _rescheduled(within(bind, calls)) if calls else []
+
+
+def settle_canonical_attempt(
+    bind: Engine | Connection | Session,
+    job_id: int,
+    run_lease: int,
+    result: Result,
+    *,
+    error: Any = None,
+    progress: Any = None,
+) -> Ending:
+    """End or re-schedule the running canonical attempt ``(job_id, run_lease)`` as *result*
+    says, writing what Awa 0.6.9's worker writes (docs/contract.md#endings).
+
+    ``Complete()`` ends it ``completed``, ``Cancel(reason)`` ``cancelled``, ``Fail(error)``
+    ``failed`` when terminal or on the final attempt and otherwise retries it with Awa's
+    backoff (the worker's rule, decided from the attempt's row); ``Snooze``, ``RetryAfter`` and
+    ``RetryBackoff`` are :func:`reschedule_canonical_attempt`'s, with its ``error``. An ending
+    stays in ``awa.jobs_hot`` under its id, in every phase, with no routing lock. ``progress``
+    replaces the stored progress (None clears it; a completion always clears it). ``bind`` is
+    as for the reschedule. Answers ``Completed``, ``Cancelled``, ``Failed``, a reschedule's
+    outcome, or ``Stale``.
+    """
+    check_bind(bind)
+    return within(bind, [prepare_result(job_id, run_lease, result, error, progress)])[0]
+
+
+def settle_canonical_attempts(
+    bind: Engine | Connection | Session, attempts: Iterable[Settle | Attempt]
+) -> list[Ending]:
+    """Settle many running canonical attempts in one transaction, any result each.
+
+    As :func:`reschedule_canonical_attempts`, with every result :func:`settle_canonical_attempt`
+    takes: the outcomes and rows are those of settling each item in turn. Consecutive items
+    of one class (endings, re-schedules) share their statements, the endings one UPDATE that
+    locks its rows lowest id first.
+    """
+    check_bind(bind)
+    calls = prepare_batch(attempts)
     return within(bind, calls) if calls else []
 
 
 def settle(
     bind: Engine | Connection | Session,
     attempt: RunningAttempt,
-    kind: Kind,
+    result: Result,
     *,
     error: Any = None,
     progress: Any = None,
-) -> Outcome:
+) -> Ending:
     """Settle *attempt*, as :func:`~awa_sa.running_attempts` or :func:`~awa_sa.attempt_of`
-    returned it, as *kind* asks: the call that cannot touch another job.
+    returned it, as *result* says: the call that cannot touch another job.
 
-    A canonical attempt is re-scheduled as :func:`reschedule_canonical_attempt` does, with
-    its kind, queue and attempt checked beside ``(job_id, run_lease)`` in the same statement:
-    a row that is no longer that attempt is ``Stale``. A queue-storage attempt is refused
-    with :class:`~awa_sa.errors.QueueStorageAttempt` before anything is sent (awa-sa cannot
-    settle those yet). ``bind``, ``error`` and ``progress`` are as for the reschedule.
+    A canonical attempt is settled as :func:`settle_canonical_attempt` does, with its kind,
+    queue and attempt checked beside ``(job_id, run_lease)`` in the same statement: a row that
+    is no longer that attempt is ``Stale``. A queue-storage attempt is refused with
+    :class:`~awa_sa.errors.QueueStorageAttempt` before anything is sent (awa-sa cannot settle
+    those yet). ``bind``, ``error`` and ``progress`` are as for those calls.
     """
     check_bind(bind)
-    return within(bind, [settling(attempt, kind, error, progress)])[0]
+    return within(bind, [settling(attempt, result, error, progress)])[0]
 
 
-def settling(attempt: object, kind: object, error: object, progress: object) -> Call:
+def settling(attempt: object, result: object, error: object, progress: object) -> AnyCall:
     """The validated call for :func:`settle`, or why it can never be made."""
     if not isinstance(attempt, RunningAttempt):
         raise ValidationError(
@@ -111,4 +151,9 @@ def settling(attempt: object, kind: object, error: object, progress: object) -> 
         raise QueueStorageAttempt(
             attempt.job_id, attempt.run_lease, attempt.storage, canonical_too=False
         )
-    return prepare(attempt.job_id, attempt.run_lease, kind, error, progress, named=attempt)
+    return prepare_result(attempt.job_id, attempt.run_lease, result, error, progress, named=attempt)
+
+
+def _rescheduled(outcomes: list[Ending]) -> list[Outcome]:
+    """The outcomes of re-schedules, which are never endings."""
+    return cast(list[Outcome], outcomes)

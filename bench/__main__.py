@@ -12,7 +12,8 @@ fixture flipped into ``mixed_transition`` towards ``awa_qs``. Parts, in order:
 3. the database's own time per reschedule (:mod:`bench.server_cost`);
 4. 1, 4 and 16 concurrent callers, and what they wait on (:mod:`bench.concurrency`);
 5. routing (canonical against queue storage) and batches against single calls;
-6. only when asked (``--only pooled``): 16 callers through PgBouncer beside 16 direct
+6. completion against the worker's own UPDATE (:mod:`bench.endings`);
+7. only when asked (``--only pooled``): 16 callers through PgBouncer beside 16 direct
    (:mod:`bench.pooled`).
 
 Run it as ``.venv/bin/python -m bench``; figures also go to ``bench/results.json``.
@@ -37,7 +38,7 @@ import sqlalchemy as sa
 
 from awa_sa import Attempt, reschedule_canonical_attempt, reschedule_canonical_attempts
 from awa_sa.testing.server import embedded_postgres
-from bench import breakdown, concurrency, pooled, server_cost, variants
+from bench import breakdown, concurrency, endings, pooled, server_cost, variants
 from bench.measure import interleave
 from bench.proxy import Distant
 from bench.report import report
@@ -53,6 +54,7 @@ PARTS = (
     "routing",
     "batch",
     "batch_queue_storage",
+    "complete",
 )
 OPTIONAL_PARTS = ("pooled",)
 """Run only when named in --only: ``pooled`` needs pgbouncer and takes a minute."""
@@ -75,6 +77,18 @@ def single_call(host: str, port: int, dbname: str, url: str, a: Any) -> dict[str
         "groups": {v.name: v.group for v in built.items},
         "skipped": built.skipped,
     }
+
+
+def completion(url: str, a: Any) -> dict[str, Any]:
+    """Completion, awa-sa against the worker's own UPDATE (:mod:`bench.endings`)."""
+    built = endings.build(url)
+    try:
+        samples = interleave(
+            built.items, Jobs(url), rounds=a.rounds, per_round=a.per_round, warmup=a.warmup
+        )
+    finally:
+        built.close()
+    return {v.name: samples[v.name].summary() for v in built.items}
 
 
 def at_distance(port: int, dbname: str, url: str, a: Any) -> dict[str, Any]:
@@ -223,6 +237,7 @@ def main() -> None:
         timed("routing", routing, canon, qs, a)
         timed("batch", batches, canon, a.batch_rounds)
         timed("batch_queue_storage", batches, qs, a.batch_rounds)
+        timed("complete", completion, url, a)
         canon.dispose()
         qs.dispose()
         timed("pooled", pooled.run, server, a.pooled_seconds)

@@ -48,6 +48,16 @@ def report(r: dict[str, Any]) -> None:
                 f"  N={size:<5} batch {row['batch_per_s']:10.0f}/s   single"
                 f" {row['single_per_s']:8.0f}/s   {speedup:6.1f}x"
             )
+    if "complete" in r:
+        print("6. completion, psycopg 3 (median per call; x its floor)")
+        rows = r["complete"]
+        for name, row in rows.items():
+            floor = rows[
+                "psycopg complete " + ("in-transaction floor" if "Connection" in name else "floor")
+            ]
+            print(
+                f"  {name:42} {row['wall_us']:9.1f} µs  {row['wall_us'] / floor['wall_us']:5.2f}x"
+            )
     parts = ", ".join(f"{k} {v:.0f} s" for k, v in r["parts_seconds"].items())
     print(f"parts: {parts}")
 

@@ -1,8 +1,9 @@
 """An example service that embeds awa-sa: a mailer that settles its failed attempts itself.
 
 Awa's worker claims ``send_email`` jobs and the handler sends the message. When sending fails,
-the service does two things that must commit together: it asks Awa to retry the attempt later
-(``reschedule_canonical_attempt`` on the service's own ``Connection``) and records the failure
+the service does two things that must commit together: it fails the attempt as Awa's worker
+would (``settle_canonical_attempt`` with ``Fail`` on the service's own ``Connection``: a retry
+with backoff, or ``failed`` on the final attempt) and records the failure
 in a table of its own, which support reads. A retry nobody recorded, or a record of a retry that
 never happened, would both mislead; one transaction rules both out.
 
@@ -11,11 +12,9 @@ never happened, would both mislead; one transaction rules both out.
 
 from __future__ import annotations
 
-import datetime as dt
-
 import sqlalchemy as sa
 
-from awa_sa import CancelledDuplicate, Outcome, RetryBackoff, Stale, reschedule_canonical_attempt
+from awa_sa import Ending, Fail, Migrated, Rescheduled, Stale, settle_canonical_attempt
 
 metadata = sa.MetaData()
 
@@ -27,7 +26,8 @@ failed_deliveries = sa.Table(
     sa.Column("error", sa.Text, nullable=False),
     sa.Column("outcome", sa.Text, nullable=False),
     # The job that will try again: the same id, or a fresh one once Awa has moved the job to
-    # queue storage. None when a newer email to the same address made this one a duplicate.
+    # queue storage. None when it failed for good, or a newer email to the same address made
+    # this one a duplicate.
     sa.Column("retry_job_id", sa.BigInteger),
     sa.Column("recorded_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
 )
@@ -37,25 +37,20 @@ def create_tables(engine: sa.Engine) -> None:
     metadata.create_all(engine)
 
 
-def on_delivery_failure(
-    engine: sa.Engine, job_id: int, run_lease: int, attempt: int, exc: Exception
-) -> Outcome:
-    """Retry the failed attempt ``(job_id, run_lease)`` with backoff and record it, atomically.
+def on_delivery_failure(engine: sa.Engine, job_id: int, run_lease: int, exc: Exception) -> Ending:
+    """Fail the attempt ``(job_id, run_lease)`` as Awa would and record it, atomically.
 
     A ``Stale`` attempt was settled by someone else (rescued, cancelled, already retried):
     nothing is written and nothing recorded. If the record cannot be written the retry is
     rolled back with it and the error propagates; the attempt stays running until Awa rescues it.
     """
-    error = {
-        "error": f"{type(exc).__name__}: {exc}",
-        "attempt": attempt,
-        "at": dt.datetime.now(dt.UTC).isoformat(),
-    }
     with engine.begin() as conn:
-        outcome = reschedule_canonical_attempt(conn, job_id, run_lease, RetryBackoff(), error=error)
+        outcome = settle_canonical_attempt(
+            conn, job_id, run_lease, Fail(f"{type(exc).__name__}: {exc}")
+        )
         if isinstance(outcome, Stale):
             return outcome
-        retry = None if isinstance(outcome, CancelledDuplicate) else outcome.job_id
+        retry = outcome.job_id if isinstance(outcome, Rescheduled | Migrated) else None
         conn.execute(
             failed_deliveries.insert().values(
                 job_id=job_id,

@@ -42,7 +42,7 @@ def recorded(engine: sa.Engine) -> list[tuple[Any, ...]]:
 
 def test_a_failed_send_is_retried_under_its_id_and_recorded(engine: sa.Engine) -> None:
     job_id, lease = claimed(engine)
-    outcome = mailer.on_delivery_failure(engine, job_id, lease, 1, SMTP_DOWN)
+    outcome = mailer.on_delivery_failure(engine, job_id, lease, SMTP_DOWN)
     assert isinstance(outcome, Rescheduled)
     with engine.connect() as conn:
         where = locate(conn, job_id)
@@ -56,7 +56,7 @@ def test_once_routing_flips_the_retry_moves_to_queue_storage(engine: sa.Engine) 
     job_id, lease = claimed(engine)
     with engine.begin() as conn:
         set_phase(conn, "mixed_transition")  # routes new work to awa_qs
-    outcome = mailer.on_delivery_failure(engine, job_id, lease, 1, SMTP_DOWN)
+    outcome = mailer.on_delivery_failure(engine, job_id, lease, SMTP_DOWN)
     assert isinstance(outcome, Migrated)
     with engine.connect() as conn:
         where = locate(conn, outcome)
@@ -72,7 +72,7 @@ def test_a_duplicate_is_recorded_but_not_retried(engine: sa.Engine) -> None:
     claimed(engine, unique_key=b"ada@example.com")
     with engine.begin() as conn:
         set_phase(conn, "mixed_transition")
-    outcome = mailer.on_delivery_failure(engine, job_id, lease, 1, SMTP_DOWN)
+    outcome = mailer.on_delivery_failure(engine, job_id, lease, SMTP_DOWN)
     assert isinstance(outcome, CancelledDuplicate)
     with engine.connect() as conn:
         where = locate(conn, outcome)
@@ -83,7 +83,7 @@ def test_a_duplicate_is_recorded_but_not_retried(engine: sa.Engine) -> None:
 
 def test_a_stale_attempt_is_neither_retried_nor_recorded(engine: sa.Engine) -> None:
     job_id, lease = claimed(engine)
-    outcome = mailer.on_delivery_failure(engine, job_id, lease + 1, 1, SMTP_DOWN)
+    outcome = mailer.on_delivery_failure(engine, job_id, lease + 1, SMTP_DOWN)
     assert outcome == Stale()
     with engine.connect() as conn:
         where = locate(conn, job_id)
@@ -103,7 +103,7 @@ def test_no_retry_without_its_record(engine: sa.Engine) -> None:
             )
         )  # fmt: skip
     with pytest.raises(sa.exc.IntegrityError):
-        mailer.on_delivery_failure(engine, job_id, lease, 1, SMTP_DOWN)
+        mailer.on_delivery_failure(engine, job_id, lease, SMTP_DOWN)
     with engine.connect() as conn:
         where = locate(conn, job_id)
     assert where is not None

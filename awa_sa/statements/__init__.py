@@ -32,6 +32,7 @@ from awa_sa.statements.duplicate import (
     lane_lock,
     ring_cursor,
 )
+from awa_sa.statements.endings import end_attempts
 from awa_sa.statements.migration import claim_unique_keys, insert_deferred, take_and_allocate
 from awa_sa.statements.receipts import open_claims
 from awa_sa.statements.registry import all_builders
@@ -43,6 +44,7 @@ __all__ = [
     "canonical_move",
     "claim_unique_keys",
     "clock",
+    "end_attempts",
     "ensure_lane_head",
     "ensure_lane_row",
     "ensure_lane_sequences",

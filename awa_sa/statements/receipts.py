@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from functools import cache
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import (
     BigInteger,
@@ -53,7 +53,6 @@ from awa_sa.queue_storage import (
     leases,
     ready_entries,
 )
-from awa_sa.statements.attempts import MoveItem
 from awa_sa.statements.registry import Query, statement
 from awa_sa.statements.sql import bound_rows, rows_as_binds
 from awa_sa.tables import Timestamp, jobs_hot
@@ -374,11 +373,20 @@ def open_claims(*, batch: bool) -> Select[Any]:
 _PAIR = ("guard_id", "guard_lease")
 
 
-def _pair_binds(items: Sequence[MoveItem]) -> Mapping[str, Any]:
+class Pair(Protocol):
+    """What names a claim: every attempt's parameters have it."""
+
+    @property
+    def job_id(self) -> int: ...
+    @property
+    def run_lease(self) -> int: ...
+
+
+def _pair_binds(items: Sequence[Pair]) -> Mapping[str, Any]:
     return rows_as_binds([dict(zip(_PAIR, (i.job_id, i.run_lease), strict=True)) for i in items])
 
 
-OPEN_CLAIMS: Query[Sequence[MoveItem], dict[tuple[int, int], bool]] = Query(
+OPEN_CLAIMS: Query[Sequence[Pair], dict[tuple[int, int], bool]] = Query(
     lambda items: open_claims(batch=len(items) > 1),
     _pair_binds,
     lambda result: {(row.job_id, row.run_lease): bool(row.canonical_too) for row in result},

@@ -43,8 +43,12 @@ _INSERT = sa.text(
         callback_on_fail, callback_transform, run_lease, progress
     ) VALUES (
         :kind, :queue, CAST(:args AS jsonb), 'running', :priority, :attempt, :max_attempts,
-        now(), now(), now(), now(),
-        now() + make_interval(secs => CAST(:deadline_secs AS double precision)), :finalized_at,
+        coalesce(CAST(:attempted_at AS timestamptz), now()),
+        coalesce(CAST(:attempted_at AS timestamptz), now()),
+        coalesce(CAST(:attempted_at AS timestamptz), now()),
+        coalesce(CAST(:attempted_at AS timestamptz), now()),
+        coalesce(CAST(:attempted_at AS timestamptz), now())
+            + make_interval(secs => CAST(:deadline_secs AS double precision)), :finalized_at,
         CAST(:errors AS jsonb[]), CAST(:metadata AS jsonb), CAST(:tags AS text[]), :unique_key,
         CAST(CAST(:unique_states AS text) AS bit(8)), :callback_id,
         now() + make_interval(secs => CAST(:callback_timeout_secs AS double precision)),
@@ -80,6 +84,7 @@ def running_attempt(
     finalized_at: datetime | None = None,
     progress: Any = None,
     deadline_secs: float = DEFAULT_DEADLINE_SECS,
+    attempted_at: datetime | None = None,
 ) -> tuple[int, int]:
     """Insert a job into ``awa.jobs_hot`` as a worker's claim leaves it; return ``(id, run_lease)``.
 
@@ -98,7 +103,9 @@ def running_attempt(
     None unless an earlier attempt was retried: Awa stamps it on the retryable row and keeps it
     through promotion and claim. ``callback_id`` wires a
     callback as ``register_callback`` would (timeout ``callback_timeout_secs`` from now); the
-    other ``callback_*`` columns are the optional CEL expressions.
+    other ``callback_*`` columns are the optional CEL expressions. ``attempted_at`` dates the
+    claim (enqueue, heartbeat and deadline follow it) for an old claim, as an admin task that
+    looks for attempts running too long needs; ``attempt=max_attempts`` seeds a final attempt.
 
     A second attempt, after a failure Awa recorded::
 
@@ -143,6 +150,7 @@ def running_attempt(
             "callback_transform": callback_transform,
             "run_lease": lease,
             "progress": None if progress is None else json.dumps(progress),
+            "attempted_at": attempted_at,
         },
     ).one()
     return int(row.id), int(row.run_lease)

@@ -25,6 +25,7 @@ from awa_sa.errors import AwaSAError
 from awa_sa.tools import demo as demo_mod
 from awa_sa.tools import listing
 from awa_sa.tools.errors import DemoUnavailable
+from awa_sa.tools.planes import explain
 from awa_sa.tools.status import ClusterStatus, read_status
 
 _CONNECT_TIMEOUT_SECS = 10
@@ -185,6 +186,7 @@ def _status_lines(where: str, st: ClusterStatus) -> Iterator[str]:
             f"{label:<12} {runtime.name}: {runtime.capability}, role {runtime.role}, "
             f"awa {runtime.version}"
         )
+    yield from explain(st)
     backlog = st.canonical_live_backlog
     backlog_text = f"canonical live backlog {backlog} (non-terminal jobs_hot + all scheduled_jobs)"
     if st.phase != "mixed_transition":

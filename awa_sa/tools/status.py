@@ -38,6 +38,7 @@ from awa_sa import queue_storage
 from awa_sa.errors import InvalidSchemaName
 from awa_sa.tables import AWA_SCHEMA, Timestamp, jobs_hot, scheduled_jobs, storage_transition_state
 from awa_sa.tools.errors import NotAnAwaCluster, UnsupportedSchemaVersion
+from awa_sa.tools.planes import PLANES, WHAT_AWA_SA_CAN_DO
 
 schema_version = sa.Table(
     "schema_version",
@@ -82,36 +83,6 @@ TERMINAL_STATES = frozenset({"completed", "failed", "cancelled"})
 
 FRESH_WINDOW_SECS = 90
 """``awa.storage_auto_finalize_if_fresh`` declines while any runtime was seen this recently."""
-
-PLANES = {
-    "canonical": "canonical",
-    "prepared": "prepared",
-    "mixed_transition": "mixed",
-    "active": "queue storage",
-}
-"""The plane a transition phase puts attempts on, in the words the README uses."""
-
-WHAT_AWA_SA_CAN_DO = {
-    "canonical": (
-        "every running attempt is a row of awa.jobs_hot: awa-sa lists, resolves and "
-        "re-schedules them"
-    ),
-    "prepared": (
-        "routing is still canonical, so every running attempt is a row of awa.jobs_hot: awa-sa "
-        "lists, resolves and re-schedules them"
-    ),
-    "mixed": (
-        "attempts claimed before the flip still run in awa.jobs_hot and awa-sa re-schedules "
-        "them; new claims are queue-storage receipts, which awa-sa lists and resolves "
-        "(running_attempts, attempt_of) but cannot settle yet"
-    ),
-    "queue storage": (
-        "new claims are queue-storage receipts, which awa-sa lists and resolves "
-        "(running_attempts, attempt_of) but cannot settle yet; canonical attempts left from "
-        "before the flip still re-schedule"
-    ),
-}
-"""What awa-sa 0.x can do with the running attempts of each plane."""
 
 
 @dataclass(frozen=True)
@@ -354,33 +325,6 @@ def recent_runtimes(conn: sa.Connection) -> int | None:
     window = sa.func.make_interval(0, 0, 0, 0, 0, 0, FRESH_WINDOW_SECS)
     seen = sa.select(sa.func.count()).where(ri.c.last_seen_at + window >= sa.func.now())
     return int(conn.execute(seen).scalar_one())
-
-
-def explain(st: ClusterStatus) -> tuple[str, ...]:
-    """The plane, what awa-sa can do there, and whether the cluster is fresh, as status lines."""
-    lines = [f"plane        {st.plane}: {WHAT_AWA_SA_CAN_DO.get(st.plane, 'unknown phase')}"]
-    fresh = st.auto_finalizes
-    if st.phase not in ("canonical", "prepared"):
-        return tuple(lines)  # past the gate: auto-finalize runs only on a canonical cluster
-    if st.prepared_engine is not None or st.phase == "prepared":
-        why = f"stays canonical: {st.prepared_engine or 'an engine'} is prepared"
-    elif st.jobs:
-        why = f"stays canonical: awa.jobs holds {st.jobs} job(s)"
-    elif fresh is None:
-        why = (
-            "awa.jobs is empty; whether a runtime was seen in the last 90 s is not recorded "
-            "(no awa.runtime_instances table)"
-        )
-    elif fresh:
-        why = (
-            "the first `auto` runtime to start finalizes it to queue storage (awa.jobs is "
-            "empty, no runtime seen in the last 90 s); enqueue first, or run "
-            "`awa storage prepare`, to stay canonical"
-        )
-    else:
-        why = f"stays canonical for now: {st.recent_runtimes} runtime(s) seen in the last 90 s"
-    lines.append(f"fresh        {why}")
-    return tuple(lines)
 
 
 def read_status_in(conn: sa.Connection) -> ClusterStatus:

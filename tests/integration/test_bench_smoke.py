@@ -21,7 +21,7 @@ import pytest
 pytestmark = pytest.mark.slow  # the whole benchmark, about 20 s at its smallest
 
 ROOT = Path(__file__).resolve().parents[2]
-PARTS = ("single", "breakdown", "distance", "server", "callers", "routing")
+PARTS = ("single", "breakdown", "distance", "server", "callers", "routing", "complete")
 SMALLEST = (
     *("--rounds", "2", "--per-round", "2", "--warmup", "2"),
     *("--far-rounds", "1", "--far-per-round", "2", "--server-calls", "5"),
@@ -142,3 +142,12 @@ def test_callers_breakdown_and_routing_have_their_figures(written: dict[str, Any
     }
     assert list(written["routing"]) == ["canonical", "queue storage"]
     assert _not_positive(written["routing"]) == []
+
+
+def test_the_completion_part_has_its_floors_and_forms(written: dict[str, Any]) -> None:
+    complete = written["complete"]
+    assert list(complete) == [
+        f"psycopg complete {form}"
+        for form in ("floor", "in-transaction floor", "awa-sa Engine", "awa-sa Connection")
+    ]
+    assert _not_positive(complete, "wall_us", "cpu_us") == []

@@ -23,7 +23,7 @@ from racing import in_thread
 import awa_sa_schema
 from awa_sa.tables import jobs_hot, scheduled_jobs
 from awa_sa.testing.server import EmbeddedPostgres
-from awa_sa.tools import demo
+from awa_sa.tools import scratch
 
 OUTCOMES = ("Rescheduled", "Migrated", "CancelledDuplicate", "Stale")
 
@@ -116,7 +116,7 @@ def test_demo_drops_its_database_after_a_ctrl_c_in_the_middle_of_a_connect(
         raise KeyboardInterrupt
 
     def walk() -> None:
-        with demo._fresh_database(url) as engine:
+        with scratch.fresh_database(url) as engine:
             interrupted_connect(engine)
 
     pending = in_thread(walk)
@@ -255,6 +255,7 @@ def test_status_url_from_environment(db_url: str) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "phase        canonical (epoch 0)" in proc.stdout
+    assert "plane        canonical: every running attempt is a row of awa.jobs_hot" in proc.stdout
 
 
 def test_status_accepts_awa_style_url(pg: EmbeddedPostgres, db_url: str) -> None:

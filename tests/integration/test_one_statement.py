@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import sqlalchemy as sa
@@ -40,6 +40,7 @@ from awa_sa import (
     DatabaseError,
     Kind,
     Migrated,
+    Outcome,
     Rescheduled,
     RetryAfter,
     RetryBackoff,
@@ -238,7 +239,7 @@ def _apply(engine: sa.Engine, items: list[Attempt], *, at_once: bool, batch: boo
         with engine.begin() as conn:
             now = conn.execute(sa.text("SELECT now()")).scalar_one()
             outcomes = flow(conn, calls) if batch else [flow(conn, [c])[0] for c in calls]
-        normal: list[Any] | None = [_normal_outcome(o, now) for o in outcomes]
+        normal: list[Any] | None = [_normal_outcome(cast(Outcome, o), now) for o in outcomes]
         error = None
     except AwaSAError as exc:
         normal, error, now = None, type(exc), NO_NOW

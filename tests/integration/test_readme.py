@@ -48,11 +48,12 @@ def test_readme_starts_with_an_install_from_a_checkout() -> None:
 
 
 def test_readme_has_the_usage_forms() -> None:
-    assert len(BLOCKS) == 7
+    assert len(BLOCKS) == 8
     assert "def test_" in BLOCKS[QUICKSTART_TEST]
-    assert "create_async_engine" in BLOCKS[4]
-    assert "postgresql+asyncpg://" in BLOCKS[5]
-    assert "reschedule_canonical_attempts(" in BLOCKS[6]
+    assert "Complete()" in BLOCKS[2]  # exactly once
+    assert "create_async_engine" in BLOCKS[5]
+    assert "postgresql+asyncpg://" in BLOCKS[6]
+    assert "reschedule_canonical_attempts(" in BLOCKS[7]
 
 
 def test_the_quickstart_test_passes(db_url: str, engine: sa.Engine) -> None:
@@ -111,6 +112,12 @@ def test_readme_example_runs(engine: sa.Engine, db_url: str, index: int) -> None
         scheduled = conn.exec_driver_sql("SELECT id, state::text FROM awa.scheduled_jobs")
         states: dict[int, str] = {row.id: row.state for row in scheduled}
         audit = conn.exec_driver_sql("SELECT job_id, what FROM audit").all()
+        hot = conn.exec_driver_sql("SELECT id, state::text FROM awa.jobs_hot")
+        in_place: dict[int, str] = {row.id: row.state for row in hot}
+    if "Complete()" in code:  # the exactly-once recipe: the row and the completion together
+        assert in_place[job_id] == "completed"
+        assert [tuple(r) for r in audit] == [(job_id, "invoice sent")]
+        return
     assert states[job_id] == ("scheduled" if "Snooze(" in code else "retryable")
     if "audit.insert()" in code:
         assert [tuple(r) for r in audit] == [(job_id, "Rescheduled")]

@@ -17,13 +17,8 @@ import awa_sa_schema
 from awa_sa import queue_storage as qs
 from awa_sa.tables import jobs_hot, scheduled_jobs
 from awa_sa.tools.errors import NotAnAwaCluster, UnsupportedSchemaVersion
-from awa_sa.tools.status import (
-    WHAT_AWA_SA_CAN_DO,
-    explain,
-    read_status,
-    read_status_in,
-    schema_version,
-)
+from awa_sa.tools.planes import WHAT_AWA_SA_CAN_DO, explain
+from awa_sa.tools.status import read_status, read_status_in, schema_version
 
 # phase -> (state, epoch, routing) as awa's CLI leaves them, routing to awa_qs once flipped.
 EXPECTED = {

@@ -17,6 +17,7 @@ import pytest
 import sqlalchemy as sa
 from conftest import run_awa
 
+import awa_sa
 from awa_sa import (
     CancelledDuplicate,
     Migrated,
@@ -368,3 +369,22 @@ def test_a_contested_attempt_conflicts_then_is_cancelled_as_a_duplicate(
     assert isinstance(outcome, CancelledDuplicate)
     with awa_engine.connect() as conn:
         assert claims(conn)[-1] == (b"bob@example.com", second.holder_id)
+
+
+def test_running_attempt_seeds_an_old_final_claim(engine: sa.Engine) -> None:
+    """An admin task's 'running for more than 30 minutes' and a final attempt, from the kit."""
+    long_ago = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+    with engine.begin() as conn:
+        job_id, lease = running_attempt(conn, attempt=3, max_attempts=3, attempted_at=long_ago)
+    (old,) = awa_sa.running_attempts(engine, running_for=dt.timedelta(minutes=30))
+    assert (old.job_id, old.run_lease, old.attempted_at, old.heartbeat_at) == (
+        job_id,
+        lease,
+        long_ago,
+        long_ago,
+    )
+    assert old.deadline_at == long_ago + dt.timedelta(seconds=300)
+    assert (old.attempt, old.max_attempts) == (3, 3)
+    assert awa_sa.settle_canonical_attempt(engine, job_id, lease, awa_sa.Fail("x")) == (
+        awa_sa.Failed(job_id, terminal=False)
+    )

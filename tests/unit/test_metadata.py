@@ -16,6 +16,7 @@ WRITTEN = [
     ("DELETE", "awa.jobs_hot"),
     ("INSERT", "awa.job_unique_claims"),
     ("INSERT", "awa.scheduled_jobs"),
+    ("UPDATE", "awa.jobs_hot"),
     ("INSERT", f"{QS}.deferred_jobs"),
     ("INSERT", f"{QS}.done_entries"),
     ("INSERT", f"{QS}.queue_claim_heads"),
@@ -23,8 +24,8 @@ WRITTEN = [
     ("INSERT", f"{QS}.queue_lanes"),
     ("INSERT", f"{QS}.queue_terminal_count_deltas"),
 ]
-"""Each verb and relation the statements write: the canonical move and its claims, and the
-queue-storage rows of a migrated or cancelled attempt."""
+"""Each verb and relation the statements write: the canonical move and its claims, the
+endings in place, and the queue-storage rows of a migrated or cancelled attempt."""
 
 
 def _writes() -> list[tuple[str, TableClause]]:

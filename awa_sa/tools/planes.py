@@ -1,0 +1,68 @@
+"""Which plane a transition phase puts running attempts on, and what awa-sa can do there.
+
+The words ``awa-sa status`` prints, the README's table uses and docs/attempts.md explains.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from awa_sa.tools.status import ClusterStatus
+
+PLANES = {
+    "canonical": "canonical",
+    "prepared": "prepared",
+    "mixed_transition": "mixed",
+    "active": "queue storage",
+}
+"""The plane a transition phase puts attempts on, in the words the README uses."""
+
+WHAT_AWA_SA_CAN_DO = {
+    "canonical": (
+        "every running attempt is a row of awa.jobs_hot: awa-sa lists, resolves and "
+        "settles them every way"
+    ),
+    "prepared": (
+        "routing is still canonical, so every running attempt is a row of awa.jobs_hot: awa-sa "
+        "lists, resolves and settles them every way"
+    ),
+    "mixed": (
+        "attempts claimed before the flip still run in awa.jobs_hot and awa-sa settles "
+        "them; new claims are queue-storage receipts, which awa-sa lists and resolves "
+        "(running_attempts, attempt_of) but cannot settle yet"
+    ),
+    "queue storage": (
+        "new claims are queue-storage receipts, which awa-sa lists and resolves "
+        "(running_attempts, attempt_of) but cannot settle yet; canonical attempts left from "
+        "before the flip still re-schedule"
+    ),
+}
+"""What awa-sa 0.x can do with the running attempts of each plane."""
+
+
+def explain(st: ClusterStatus) -> tuple[str, ...]:
+    """The plane, what awa-sa can do there, and whether the cluster is fresh, as status lines."""
+    lines = [f"plane        {st.plane}: {WHAT_AWA_SA_CAN_DO.get(st.plane, 'unknown phase')}"]
+    fresh = st.auto_finalizes
+    if st.phase not in ("canonical", "prepared"):
+        return tuple(lines)  # past the gate: auto-finalize runs only on a canonical cluster
+    if st.prepared_engine is not None or st.phase == "prepared":
+        why = f"stays canonical: {st.prepared_engine or 'an engine'} is prepared"
+    elif st.jobs:
+        why = f"stays canonical: awa.jobs holds {st.jobs} job(s)"
+    elif fresh is None:
+        why = (
+            "awa.jobs is empty; whether a runtime was seen in the last 90 s is not recorded "
+            "(no awa.runtime_instances table)"
+        )
+    elif fresh:
+        why = (
+            "the first `auto` runtime to start finalizes it to queue storage (awa.jobs is "
+            "empty, no runtime seen in the last 90 s); enqueue first, or run "
+            "`awa storage prepare`, to stay canonical"
+        )
+    else:
+        why = f"stays canonical for now: {st.recent_runtimes} runtime(s) seen in the last 90 s"
+    lines.append(f"fresh        {why}")
+    return tuple(lines)

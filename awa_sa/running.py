@@ -35,11 +35,19 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import Connection, Engine, Row
+from sqlalchemy import Connection, Engine
 
 from awa_sa.errors import AmbiguousAttempt, AttemptNotFound, ValidationError, translated
 from awa_sa.queue_storage import translate_map
-from awa_sa.statements.receipts import COLUMNS, canonical_attempts, queue_storage_attempts
+from awa_sa.statements.listings import (
+    CanonicalListing,
+    Filters,
+    Listed,
+    canonical_attempts,
+    filter_binds,
+    listed,
+    queue_storage_attempts,
+)
 
 CANONICAL = "canonical"
 """``RunningAttempt.storage`` of an attempt in ``awa.jobs_hot``."""
@@ -101,30 +109,31 @@ class JobLike(Protocol):
     def created_at(self) -> str | datetime: ...
 
 
-def _attempt(row: Row[Any], storage: str) -> RunningAttempt:
-    values = {name: row._mapping[name] for name in (*COLUMNS, "running_for")}
-    return RunningAttempt(storage=storage, **values)
+def _attempt(row: Listed, storage: str) -> RunningAttempt:
+    return RunningAttempt(storage=storage, **row._asdict())
 
 
-def _read(conn: Connection, params: dict[str, Any]) -> list[RunningAttempt]:
-    rows = conn.execute(canonical_attempts(), params).all()
-    routing: str | None = rows[0].routing
-    found = [_attempt(row, CANONICAL) for row in rows if row.job_id is not None]
-    if routing is None:
+def _read(conn: Connection, filters: Filters) -> list[RunningAttempt]:
+    # Core execution, not awa_sa.compiled: these reads want SQLAlchemy's result processing
+    # (JSON args, intervals) alike on every driver, and run once per listing, not per settle.
+    binds = filter_binds(filters)
+    listing = CanonicalListing.read(conn.execute(canonical_attempts(), binds))
+    found = [_attempt(row, CANONICAL) for row in listing.attempts]
+    if listing.routing is None:
         return found
-    options = {"schema_translate_map": translate_map(routing)}
-    receipts = conn.execute(queue_storage_attempts(), params, execution_options=options).all()
-    found += [_attempt(row, routing) for row in receipts]
+    options = {"schema_translate_map": translate_map(listing.routing)}
+    receipts = listed(conn.execute(queue_storage_attempts(), binds, execution_options=options))
+    found += [_attempt(row, listing.routing) for row in receipts]
     found.sort(key=lambda a: (a.attempted_at, a.job_id, a.on_queue_storage))
-    return found if params["f_limit"] is None else found[: params["f_limit"]]
+    return found if filters.limit is None else found[: filters.limit]
 
 
-def _list(bind: Engine | Connection, params: dict[str, Any]) -> list[RunningAttempt]:
+def _list(bind: Engine | Connection, filters: Filters) -> list[RunningAttempt]:
     with translated():
         if isinstance(bind, Engine):
             with bind.connect() as conn:
-                return _read(conn, params)
-        return _read(bind, params)
+                return _read(conn, filters)
+        return _read(bind, filters)
 
 
 def running_attempts(
@@ -150,16 +159,8 @@ def running_attempts(
     ``Engine`` opens one connection for the reads. From async code:
     ``await conn.run_sync(running_attempts, ...)``.
     """
-    params = {
-        "f_queue": queue,
-        "f_kind": kind,
-        "f_running_for": running_for,
-        "f_job_id": job_id,
-        "f_attempt": attempt,
-        "f_created_at": None,
-        "f_limit": limit,
-    }
-    return _list(bind, params)
+    filters = Filters(queue, kind, running_for, job_id, attempt, None, limit)
+    return _list(bind, filters)
 
 
 def _created_at(job: Any) -> datetime:
@@ -179,20 +180,20 @@ def _created_at(job: Any) -> datetime:
     return stamp
 
 
-def _identity(job: Any) -> dict[str, Any]:
+def _identity(job: Any) -> Filters:
     """The filters that name *job*'s claim: every attribute a handler's job carries."""
-    values = {}
-    for name, key, type_ in (
-        ("id", "f_job_id", int),
-        ("attempt", "f_attempt", int),
-        ("kind", "f_kind", str),
-        ("queue", "f_queue", str),
+    values: dict[str, Any] = {}
+    for name, field, type_ in (
+        ("id", "job_id", int),
+        ("attempt", "attempt", int),
+        ("kind", "kind", str),
+        ("queue", "queue", str),
     ):
         value = getattr(job, name, None)
         if not isinstance(value, type_) or isinstance(value, bool):
             raise ValidationError(f"job.{name} must be {type_.__name__}: {value!r}")
-        values[key] = value
-    return {**values, "f_created_at": _created_at(job), "f_running_for": None, "f_limit": None}
+        values[field] = value
+    return Filters(**values, created_at=_created_at(job))
 
 
 def attempt_of(bind: Engine | Connection, job: JobLike | Any) -> RunningAttempt:
@@ -210,10 +211,12 @@ def attempt_of(bind: Engine | Connection, job: JobLike | Any) -> RunningAttempt:
     trips are :func:`running_attempts`'s. From async code:
     ``await conn.run_sync(attempt_of, job)``.
     """
-    params = _identity(job)
-    found = _list(bind, params)
+    filters = _identity(job)
+    found = _list(bind, filters)
+    assert filters.job_id is not None  # _identity sets both
+    assert filters.attempt is not None
     if not found:
-        raise AttemptNotFound(params["f_job_id"], params["f_attempt"])
+        raise AttemptNotFound(filters.job_id, filters.attempt)
     if len(found) > 1:
-        raise AmbiguousAttempt(params["f_job_id"], params["f_attempt"], found)
+        raise AmbiguousAttempt(filters.job_id, filters.attempt, found)
     return found[0]

@@ -1,14 +1,13 @@
-"""The running attempts of both planes, as statements: what ``awa_sa.running`` reads.
+"""The open receipts of a queue-storage schema: its running attempts, and the bare-pair check.
 
-A canonical attempt is a ``running`` row of ``awa.jobs_hot``. A queue-storage attempt is an
-open receipt of the routing schema: a ``lease_claims`` row (a queue with a deadline), one
-position of a compact ``lease_claim_batches`` row (a queue without one), or a ``leases`` row
-a callback wait materialised, while it is ``running``. A receipt is open while no closure
-evidence names it, as Awa's own runtime enumerates them (docs/attempts.md). Kind, args and
-created_at come from the job's ``ready_entries`` row, which a claim leaves as it was.
-
-Every statement is built once and takes every filter as a parameter (NULL: no filter); the
-queue-storage ones reach their schema only through ``schema_translate_map``.
+A queue-storage attempt is an open receipt of the routing schema: a ``lease_claims`` row (a
+queue with a deadline), one position of a compact ``lease_claim_batches`` row (a queue without
+one), or a ``leases`` row a callback wait materialised, while it is ``running``. A receipt is
+open while no closure evidence names it, as Awa's own runtime enumerates them
+(docs/attempts.md). Kind, args and created_at come from the job's ``ready_entries`` row, which
+a claim leaves as it was. The statements reach their schema only through
+``schema_translate_map``; :mod:`~awa_sa.statements.listings` lists them with the canonical
+attempts, and :func:`open_claims` checks a canonical call's bare pairs against them.
 """
 
 from __future__ import annotations
@@ -21,11 +20,9 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     Integer,
-    Interval,
     Select,
     SmallInteger,
     Subquery,
-    Text,
     and_,
     bindparam,
     cast,
@@ -55,7 +52,7 @@ from awa_sa.queue_storage import (
 )
 from awa_sa.statements.registry import Query, statement
 from awa_sa.statements.sql import bound_rows, rows_as_binds
-from awa_sa.tables import Timestamp, jobs_hot
+from awa_sa.tables import jobs_hot
 
 COLUMNS = (
     "job_id",
@@ -77,78 +74,8 @@ COLUMNS = (
 """What every leg selects, in this order (a UNION ALL matches columns by position)."""
 
 
-def _none(name: str, type_: Any) -> ColumnElement[Any]:
+def no_value(name: str, type_: Any) -> ColumnElement[Any]:
     return cast(null(), type_).label(name)
-
-
-def _param(name: str, type_: Any) -> ColumnElement[Any]:
-    return cast(bindparam(name, type_=type_), type_)
-
-
-def _filter(name: str, type_: Any, match: Any) -> ColumnElement[bool]:
-    """``value IS NULL OR <match>``: a parameter left NULL filters nothing."""
-    value = _param(name, type_)
-    return or_(value.is_(None), match(value))
-
-
-def _listed(attempts: Subquery, *leading: ColumnElement[Any]) -> Select[Any]:
-    """The attempts of *attempts* that pass every ``f_*`` filter, oldest claim first."""
-    a = attempts.c
-    return (
-        select(
-            *leading,
-            *(a[name] for name in COLUMNS),
-            (func.now() - a.attempted_at).label("running_for"),
-        )
-        .where(
-            _filter("f_queue", Text, lambda v: a.queue == v),
-            _filter("f_kind", Text, lambda v: a.kind == v),
-            _filter("f_running_for", Interval, lambda v: a.attempted_at <= func.now() - v),
-            _filter("f_job_id", BigInteger, lambda v: a.job_id == v),
-            _filter("f_attempt", SmallInteger, lambda v: a.attempt == v),
-            _filter("f_created_at", Timestamp, lambda v: a.created_at == v),
-        )
-        .order_by(a.attempted_at, a.job_id)
-        .limit(_param("f_limit", BigInteger))
-    )
-
-
-@cache
-def canonical_attempts() -> Select[Any]:
-    """The canonical running attempts, and the routing schema, in one statement.
-
-    One row at least: the routing schema (NULL unless routing is queue storage) left-joined
-    with the filtered attempts, so a canonical cluster is read in one round trip.
-    """
-    t = jobs_hot
-    running = (
-        select(
-            t.c.id.label("job_id"),
-            t.c.run_lease,
-            t.c.kind,
-            t.c.queue,
-            t.c.args,
-            t.c.created_at,
-            t.c.attempt,
-            t.c.max_attempts,
-            t.c.attempted_at,
-            t.c.heartbeat_at,
-            t.c.deadline_at,
-            _none("claim_slot", Integer),
-            _none("receipt_id", BigInteger),
-            _none("claim_batch_id", BigInteger),
-            _none("claim_batch_index", Integer),
-        )
-        .where(t.c.state == "running")
-        .subquery("running")
-    )
-    listed = _listed(running).subquery("listed")
-    routing = select(func.awa.active_queue_storage_schema().label("routing")).subquery("routing")
-    return (
-        select(routing.c.routing, *(listed.c[name] for name in (*COLUMNS, "running_for")))
-        .select_from(routing.outerjoin(listed, true()))
-        .order_by(listed.c.attempted_at, listed.c.job_id)
-    )
 
 
 def _settled(
@@ -217,13 +144,6 @@ def _heartbeat(
 
 
 @cache
-def queue_storage_attempts() -> Select[Any]:
-    """The open receipts of one queue-storage schema, filtered (compile it with its translate
-    map)."""
-    return _listed(open_receipts())
-
-
-@cache
 def open_receipts() -> Subquery:
     """Every open receipt of one queue-storage schema, one row each."""
     ready = ready_entries
@@ -243,8 +163,8 @@ def open_receipts() -> Subquery:
             c.c.deadline_at,
             c.c.claim_slot,
             c.c.receipt_id,
-            _none("claim_batch_id", BigInteger),
-            _none("claim_batch_index", Integer),
+            no_value("claim_batch_id", BigInteger),
+            no_value("claim_batch_index", Integer),
         )
         .select_from(
             c.join(
@@ -324,8 +244,8 @@ def open_receipts() -> Subquery:
             lease.c.deadline_at,
             receipt.c.claim_slot,
             receipt.c.receipt_id,
-            _none("claim_batch_id", BigInteger),
-            _none("claim_batch_index", Integer),
+            no_value("claim_batch_id", BigInteger),
+            no_value("claim_batch_index", Integer),
         )
         .select_from(
             lease.join(

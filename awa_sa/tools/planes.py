@@ -5,10 +5,25 @@ The words ``awa-sa status`` prints, the README's table uses and docs/attempts.md
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from awa_sa.tools.status import ClusterStatus
+
+class ClusterFacts(Protocol):
+    """What :func:`explain` reads of a ``ClusterStatus``."""
+
+    @property
+    def plane(self) -> str: ...
+    @property
+    def phase(self) -> str: ...
+    @property
+    def prepared_engine(self) -> str | None: ...
+    @property
+    def jobs(self) -> int | None: ...
+    @property
+    def auto_finalizes(self) -> bool | None: ...
+    @property
+    def recent_runtimes(self) -> int | None: ...
+
 
 PLANES = {
     "canonical": "canonical",
@@ -41,7 +56,7 @@ WHAT_AWA_SA_CAN_DO = {
 """What awa-sa 0.x can do with the running attempts of each plane."""
 
 
-def explain(st: ClusterStatus) -> tuple[str, ...]:
+def explain(st: ClusterFacts) -> tuple[str, ...]:
     """The plane, what awa-sa can do there, and whether the cluster is fresh, as status lines."""
     lines = [f"plane        {st.plane}: {WHAT_AWA_SA_CAN_DO.get(st.plane, 'unknown phase')}"]
     fresh = st.auto_finalizes

@@ -103,7 +103,7 @@ OWN_MASKS = ("11111000", "11111111", "10001000", "01111111", "00100000", "110110
 """Masks for attempts with a key of their own (some claim ``running``, some do not)."""
 SHARED_MASKS = ("11000000", "11000010", "10001000", "10001010", "00001000", "10000010", "00000000")
 """Masks for attempts sharing a key: ``running`` (bit 2) is off, so seeding two is possible."""
-DELAYS = (0.0, 0.25, 1.0, 5.0, 30.0, 3600.0, -10.0)
+DELAYS = (0.0, 0.25, 1.0, 5.0, 30.0, 3600.0)
 SNOOZE_ONLY_FROM = 20
 """From this attempt on workers only snooze, which does not count, so attempts stay bounded."""
 BACKOFF_OVERFLOWS_FROM = 43

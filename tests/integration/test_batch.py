@@ -200,7 +200,7 @@ HOLDER_MASKS = ("11000000", "11001000", "11001010", "11111110")
 
 
 def _kind(rng: random.Random) -> Kind:
-    delay = rng.choice([0.5, 30.0, -5.0, 3600.25, 45])
+    delay = rng.choice([0.5, 30.0, 0.0, 3600.25, 45])
     kinds: list[Kind] = [Snooze(delay), RetryAfter(delay), RetryBackoff()]
     return rng.choice(kinds)
 

@@ -130,10 +130,23 @@ class Fail:
 
     @classmethod
     def of(cls, exc: BaseException, *, terminal: bool = False) -> Fail:
-        """The failure of *exc*, its text as awa-pg writes it: ``"<type>: <message>"``, then
-        the last 10 lines of its traceback."""
-        trace = "".join(traceback.format_exception(exc)).rstrip("\n").split("\n")[-10:]
-        return cls(f"{type(exc).__qualname__}: {exc}\n" + "\n".join(trace), terminal)
+        """The failure of *exc*, its text as awa-pg 0.6.9 writes it (observed): the exception's
+        ``<qualname>: <message>``, then its traceback without the exception line -- whole when
+        it has at most :data:`TRACEBACK_LINES` lines, else ``... (N frames truncated, full
+        trace in logs)`` and its last ones."""
+        trace = "Traceback (most recent call last):\n" + "".join(
+            traceback.format_tb(exc.__traceback__)
+        )
+        lines = trace.splitlines()
+        if len(lines) > TRACEBACK_LINES:
+            dropped = len(lines) - TRACEBACK_LINES
+            kept = "\n".join(lines[-TRACEBACK_LINES:])
+            trace = f"... ({dropped} frames truncated, full trace in logs)\n{kept}"
+        return cls(f"{type(exc).__qualname__}: {exc}\n{trace}", terminal)
+
+
+TRACEBACK_LINES = 10
+"""How many lines of a traceback awa-pg keeps in an error entry."""
 
 
 Result = Kind | Complete | Cancel | Fail

@@ -604,3 +604,93 @@ def test_every_ending_writes_what_the_real_worker_writes(
         kept = {"complete", "retry"} | (set(OUTCOMES) if mask[5:7] == "11" else set())
         assert claimed == kept
     assert real["marks"], "the marks were compared"
+
+
+FRAME = re.compile(r'  File "[^"]*", line \d+, in \S+\n    [^\n]*\n')
+
+
+def traceback_shape(text: str) -> str:
+    """An error text with each traceback frame (file, line, function, source) made alike."""
+    return FRAME.sub("  File <frame>\n    <source>\n", text + "\n").removesuffix("\n")
+
+
+def deep(depth: int) -> None:
+    """Raise from *depth* calls down: a traceback longer than the worker keeps."""
+    if depth == 0:
+        raise retryable()
+    deep(depth - 1)
+
+
+def failing_deep() -> BaseException:
+    try:
+        deep(8)
+    except HarnessRetryableError as exc:
+        return exc
+    raise AssertionError("deep() raises")
+
+
+def error_texts_for_real(url: str, engine: sa.Engine) -> dict[str, str]:
+    """The error text the worker writes for a shallow and a deep traceback (final attempts)."""
+
+    async def run() -> None:
+        client = awa.AsyncClient(pg_url(url))
+
+        async def shallow(job: Any) -> None:
+            raise retryable()
+
+        async def deeply(job: Any) -> None:
+            deep(8)
+
+        client.task(dict, kind="shallow", queue="q")(shallow)
+        client.task(dict, kind="deep", queue="q")(deeply)
+        for kind in ("shallow", "deep"):
+            await client.insert({}, kind=kind, queue="q", max_attempts=1)
+        await client.start([("q", 2)], heartbeat_interval_ms=600_000)
+        try:
+            for _ in range(600):
+                if await asyncio.to_thread(unfinished_or_waiting, engine) == 0:
+                    return
+                await asyncio.sleep(0.05)  # the worker's own pace: no lock to watch here
+            raise AssertionError("the worker did not fail both jobs within 30 s")
+        finally:
+            await client.shutdown()
+            await client.close()
+
+    asyncio.run(run())
+    with engine.connect() as conn:
+        return dict(
+            conn.execute(sa.text("SELECT kind, errors[1]->>'error' FROM awa.jobs_hot")).all()
+        )
+
+
+def unfinished_or_waiting(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text("SELECT count(*) FROM awa.jobs_hot WHERE state <> 'failed'")
+            ).scalar_one()
+        )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="awa-sa's Fail.of is not the worker's text: it ends with the module-qualified "
+    "exception line and no newline, and cuts a long traceback without the worker's marker",
+)
+def test_fail_of_writes_the_workers_error_text(real_engine: sa.Engine, real_db_url: str) -> None:
+    """The whole error text, frames aside, as the worker writes it for a raised exception.
+
+    awa-pg 0.6.9 writes ``"<qualname>: <message>\n"`` and then the traceback without its
+    exception line: in full (``Traceback (most recent call last):`` and the frames, ending in
+    a newline) or, when longer than 10 lines, ``... (N frames truncated, full trace in logs)``
+    and its last 10 lines, with no newline at the end.
+    """
+    real = error_texts_for_real(real_db_url, real_engine)
+    kit = {
+        "shallow": awa_sa.Fail.of(raised(retryable())).error,
+        "deep": awa_sa.Fail.of(failing_deep()).error,
+    }
+    assert "frames truncated" in real["deep"]
+    assert {k: traceback_shape(v) for k, v in kit.items()} == {
+        k: traceback_shape(v) for k, v in real.items()
+    }

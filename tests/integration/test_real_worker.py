@@ -34,9 +34,11 @@ import pytest
 import sqlalchemy as sa
 from conftest import awa_release
 from racing import RealTransitions
+from sqlalchemy.ext.asyncio import create_async_engine
 from test_testing_real_claim import pg_url
 
 import awa_sa
+import awa_sa.asyncio as awa_sa_asyncio
 from awa_sa import Rescheduled
 from awa_sa.testing import running_attempt
 from awa_sa.tools.status import PATCHED_FAMILY, UNPATCHED_FAMILY, read_status
@@ -694,3 +696,121 @@ def test_fail_of_writes_the_workers_error_text(real_engine: sa.Engine, real_db_u
     assert {k: traceback_shape(v) for k, v in kit.items()} == {
         k: traceback_shape(v) for k, v in real.items()
     }
+
+
+# ------------------------------------------------------------------------------------------
+# A handler that settles through awa-sa, driven by a real worker with a real leader
+
+
+@dataclass
+class SettleRun:
+    runs: dict[str, list[int]]
+    """Each kind's handler runs, by the attempt it was given."""
+    settled: dict[str, list[awa_sa.Ending]]
+    after_settle: dict[str, dict[str, Any]]
+    """Each job's row as the handler's own last settle left it, read right after its commit."""
+    after_shutdown: dict[str, dict[str, Any]]
+    """The same rows once the runtime has shut down, its own completions flushed."""
+
+
+def job_row(engine: sa.Engine, kind: str) -> dict[str, Any]:
+    with engine.connect() as conn:
+        return dict(
+            conn.execute(
+                sa.text(
+                    "SELECT *, state::text AS state FROM awa.jobs_hot WHERE kind = :k"
+                    " UNION ALL SELECT *, state::text FROM awa.scheduled_jobs WHERE kind = :k"
+                ),
+                {"k": kind},
+            )
+            .mappings()
+            .one()
+        )
+
+
+def settle_in_handlers(url: str, engine: sa.Engine, max_attempts: int) -> SettleRun:
+    """Two jobs whose handlers settle through awa-sa and then return normally: one always
+    fails (``Fail.of``), one completes (``Complete()``). The leader promotes every 100 ms, so
+    each retry is claimed again as soon as its backoff is over."""
+    runs: dict[str, list[int]] = {"always_fails": [], "completes": []}
+    settled: dict[str, list[awa_sa.Ending]] = {"always_fails": [], "completes": []}
+    after: dict[str, dict[str, Any]] = {}
+
+    async def run() -> SettleRun:
+        async_engine = create_async_engine(url, poolclass=sa.NullPool)
+        ended = {kind: asyncio.Event() for kind in runs}
+        client = awa.AsyncClient(pg_url(url))
+
+        async def settle(job: Any, result: awa_sa.Result) -> None:
+            async with async_engine.connect() as conn:
+                mine = await conn.run_sync(awa_sa.attempt_of, job)
+                outcome = await awa_sa_asyncio.settle(conn, mine, result)
+                await conn.commit()
+            settled[job.kind].append(outcome)
+            if isinstance(outcome, awa_sa.Failed | awa_sa.Completed):
+                after[job.kind] = await asyncio.to_thread(job_row, engine, job.kind)
+                ended[job.kind].set()
+
+        async def always_fails(job: Any) -> None:
+            runs["always_fails"].append(job.attempt)
+            try:
+                raise retryable()
+            except HarnessRetryableError as exc:
+                await settle(job, awa_sa.Fail.of(exc))
+            # Returning normally: the runtime then completes an attempt that is no longer running.
+
+        async def completes(job: Any) -> None:
+            runs["completes"].append(job.attempt)
+            await settle(job, awa_sa.Complete())
+
+        client.task(dict, kind="always_fails", queue="q")(always_fails)
+        client.task(dict, kind="completes", queue="q")(completes)
+        try:
+            await client.insert({"n": 1}, kind="always_fails", queue="q", max_attempts=max_attempts)
+            await client.insert({"n": 2}, kind="completes", queue="q", max_attempts=max_attempts)
+            await client.start(
+                [("q", 2)],
+                promote_interval_ms=100,
+                leader_election_interval_ms=100,
+                heartbeat_interval_ms=600_000,
+            )
+            try:
+                for event in ended.values():
+                    await asyncio.wait_for(event.wait(), 60)
+            finally:
+                await client.shutdown()  # waits for the runtime's in-flight completions
+        finally:
+            await client.close()
+            await async_engine.dispose()
+        rows = {kind: await asyncio.to_thread(job_row, engine, kind) for kind in runs}
+        return SettleRun(runs, settled, after, rows)
+
+    return asyncio.run(run())
+
+
+def test_a_handler_settling_through_awa_sa_ends_as_the_worker_would(
+    real_engine: sa.Engine, real_db_url: str
+) -> None:
+    """``Fail`` bounds an always-failing job by max_attempts, as the worker's own retry does,
+    and a handler's awa-sa ending is final: the runtime's completion after it is stale."""
+    max_attempts = 2  # attempt 1's backoff is 2 to 2.5 s; attempt 2 is the last
+    got = settle_in_handlers(real_db_url, real_engine, max_attempts)
+    # The always-failing job ran exactly max_attempts times, then ended failed.
+    assert got.runs["always_fails"] == list(range(1, max_attempts + 1))
+    *retries, last = got.settled["always_fails"]
+    assert all(isinstance(o, awa_sa.Rescheduled) for o in retries), retries
+    failed = got.after_shutdown["always_fails"]
+    assert last == awa_sa.Failed(failed["id"], terminal=False)
+    assert (failed["state"], failed["attempt"], failed["run_lease"]) == (
+        "failed",
+        max_attempts,
+        max_attempts,
+    )
+    assert [e["attempt"] for e in failed["errors"]] == list(range(1, max_attempts + 1))
+    assert not any("terminal" in e for e in failed["errors"])
+    # The completing job ran once, and awa-sa's completion is the one that stands.
+    assert got.runs["completes"] == [1]
+    assert got.settled["completes"] == [awa_sa.Completed(got.after_shutdown["completes"]["id"])]
+    # The runtime's own completion of each attempt, after the handler returned, changed nothing.
+    assert got.after_shutdown == got.after_settle
+    assert got.after_shutdown["completes"]["state"] == "completed"

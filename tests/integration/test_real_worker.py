@@ -33,7 +33,7 @@ import awa
 import pytest
 import sqlalchemy as sa
 from conftest import awa_release
-from racing import RealTransitions
+from racing import CANONICAL_TABLES, QS_TABLES, RealTransitions
 from sqlalchemy.ext.asyncio import create_async_engine
 from test_testing_real_claim import pg_url
 
@@ -546,6 +546,15 @@ def ended_rows(engine: sa.Engine) -> dict[str, Any]:
                 sa.text("SELECT unique_key, job_id FROM awa.job_unique_claims")
             )
         )
+        # Nothing else of Awa's job tables, canonical or queue-storage (in awa_qs, where
+        # routing points, and in awa, the default substrate), gained or lost a row. (The
+        # marks, compared above, are in tables of their own on each release.)
+        tables = [f"awa.{t}" for t in CANONICAL_TABLES if not t.startswith("admin_dirty_")]
+        tables += [f"{schema}.{t}" for schema in (QS_SCHEMA, "awa") for t in QS_TABLES]
+        out["row counts"] = {
+            table: conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar_one()
+            for table in tables
+        }
     return out
 
 

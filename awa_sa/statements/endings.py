@@ -118,9 +118,8 @@ def _asked(batch: bool) -> CTE:
 def rfc3339(stamp: ColumnElement[Any]) -> ColumnElement[Any]:
     """*stamp* as RFC 3339 text in UTC, microseconds always written (``...T12:00:00.000001+00:00``).
 
-    chrono's ``to_rfc3339``, which the worker uses, drops a fraction that is all zeros and
-    writes 3 digits where the last 3 are zero; with the database's microseconds that differs
-    only when the clock reads a whole millisecond, and both are RFC 3339.
+    The worker writes its own clock with chrono's ``to_rfc3339``, usually with nanoseconds (9
+    digits); the database's clock has microseconds. Both are RFC 3339, in the same shape.
     """
     utc = func.timezone(literal_column("'UTC'"), stamp, type_=Text)
     return func.to_char(utc, literal_column('\'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"\''), type_=Text)

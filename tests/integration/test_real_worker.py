@@ -683,11 +683,6 @@ def unfinished_or_waiting(engine: sa.Engine) -> int:
         )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="awa-sa's Fail.of is not the worker's text: it ends with the module-qualified "
-    "exception line and no newline, and cuts a long traceback without the worker's marker",
-)
 def test_fail_of_writes_the_workers_error_text(real_engine: sa.Engine, real_db_url: str) -> None:
     """The whole error text, frames aside, as the worker writes it for a raised exception.
 

@@ -250,3 +250,12 @@ def _json_text(name: str, value: object) -> str | None:
 def items(calls: Sequence[Call]) -> list[MoveItem]:
     """The statements' parameters of *calls*, in order."""
     return [call.item for call in calls]
+
+
+def first_of_each_pair(asked: Sequence[MoveItem | EndItem]) -> dict[tuple[int, int], int]:
+    """Where each ``(job_id, run_lease)`` is first asked for: the item a statement's answer
+    for that attempt belongs to (a repeat is Stale, as one by one)."""
+    first: dict[tuple[int, int], int] = {}
+    for index, item in enumerate(asked):
+        first.setdefault((item.job_id, item.run_lease), index)
+    return first

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection
 
 from awa_sa import migrate, moves
-from awa_sa.calls import AnyCall, Call, EndCall, items, retry_of
+from awa_sa.calls import AnyCall, Call, EndCall, first_of_each_pair, items, retry_of
 from awa_sa.compiled import run
 from awa_sa.errors import QueueStorageAttempt, ValidationError, translated
 from awa_sa.internals import in_autocommit
@@ -97,16 +97,9 @@ def _rescheduled(conn: Connection, calls: Sequence[Call]) -> list[Outcome]:
 def _ended(conn: Connection, calls: Sequence[EndCall]) -> list[Ending]:
     """The endings, then the re-schedule of each retryable failure with attempts left."""
     answered = endings(conn, calls)
-    retries = [(index, call) for index, call in enumerate(answered) if isinstance(call, Call)]
-    outcomes: list[Ending] = [a for a in answered if not isinstance(a, Call)]
-    if not retries:
-        return outcomes
-    merged: list[Ending] = []
-    moved = iter(_rescheduled(conn, [call for _, call in retries]))
-    ended = iter(outcomes)
-    for answer in answered:
-        merged.append(next(moved) if isinstance(answer, Call) else next(ended))
-    return merged
+    retries = [answer for answer in answered if isinstance(answer, Call)]
+    moved = iter(_rescheduled(conn, retries) if retries else ())
+    return [next(moved) if isinstance(answer, Call) else answer for answer in answered]
 
 
 def endings(conn: Connection, calls: Sequence[EndCall]) -> list[Ending | Call]:
@@ -132,13 +125,13 @@ def _end(conn: Connection, calls: Sequence[EndCall]) -> list[Ending | Call] | No
         return None
     answers = {(a.job_id, a.run_lease): a for a in ended.answers}
     unchecked = [
-        item for item in items if item.kind is None and (item.job_id, item.run_lease) not in answers
+        call.item
+        for call in calls
+        if call.bare and (call.item.job_id, call.item.run_lease) not in answers
     ]
     if ended.routing_schema is not None and unchecked:
         answers |= _checked_then_ended(conn, calls, unchecked, ended.routing_schema)
-    first: dict[tuple[int, int], int] = {}
-    for index, item in enumerate(items):
-        first.setdefault((item.job_id, item.run_lease), index)
+    first = first_of_each_pair(items)
     answered: list[Ending | Call] = [Stale()] * len(calls)
     for pair, answer in answers.items():
         call = calls[first[pair]]

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from sqlalchemy import Connection
 
-from awa_sa.calls import Call, items
+from awa_sa.calls import Call, first_of_each_pair, items
 from awa_sa.compiled import run
 from awa_sa.kinds import Outcome, Rescheduled, Stale
 from awa_sa.statements.canonical import CANONICAL_MOVE, GoOn, Moved, MovedJob
@@ -36,9 +36,7 @@ def one_by_one(conn: Connection, calls: Sequence[Call]) -> list[Outcome]:
 
 def _answered(calls: Sequence[Call], jobs: list[MovedJob]) -> list[Outcome]:
     """Each moved job answers the first item that asked for its ``(id, run_lease)``."""
-    first: dict[tuple[int, int], int] = {}
-    for index, call in enumerate(calls):
-        first.setdefault((call.item.job_id, call.item.run_lease), index)
+    first = first_of_each_pair(items(calls))
     answered: list[Outcome] = [Stale()] * len(calls)
     for job in jobs:
         answered[first[(job.job_id, job.run_lease)]] = Rescheduled(

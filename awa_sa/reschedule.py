@@ -13,8 +13,15 @@ from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Connection, Engine
 
-from awa_sa.calls import AnyCall, prepare, prepare_all, prepare_batch, prepare_result
-from awa_sa.errors import QueueStorageAttempt, ValidationError
+from awa_sa.calls import (
+    AnyCall,
+    prepare,
+    prepare_all,
+    prepare_batch,
+    prepare_receipt,
+    prepare_result,
+)
+from awa_sa.errors import ValidationError
 from awa_sa.forms import check_bind, within
 from awa_sa.kinds import Attempt, Ending, Kind, Outcome, Result, Settle
 from awa_sa.running import RunningAttempt
@@ -132,9 +139,13 @@ def settle(
 
     A canonical attempt is settled as :func:`settle_canonical_attempt` does, with its kind,
     queue and attempt checked beside ``(job_id, run_lease)`` in the same statement: a row that
-    is no longer that attempt is ``Stale``. A queue-storage attempt is refused with
-    :class:`~awa_sa.errors.QueueStorageAttempt` before anything is sent (awa-sa cannot settle
-    those yet). ``bind``, ``error`` and ``progress`` are as for those calls.
+    is no longer that attempt is ``Stale``. A queue-storage attempt is settled in its schema
+    as Awa 0.6.9's runtime settles it (docs/contract.md#receipts): its receipt closed, its
+    ending in ``done_entries`` (or the compact completion of a bare job), a re-schedule in
+    ``deferred_jobs`` under the same id (``Rescheduled``); ``Stale`` when anything closed the
+    receipt first. ``progress`` None keeps what a queue-storage attempt last flushed, as the
+    runtime does. A callback wait materialised into ``leases`` is refused with
+    :class:`~awa_sa.errors.MaterialisedAttempt`. ``bind`` and ``error`` are as for those calls.
     """
     check_bind(bind)
     return within(bind, [settling(attempt, result, error, progress)])[0]
@@ -148,9 +159,7 @@ def settling(attempt: object, result: object, error: object, progress: object) -
             f"got {type(attempt).__name__}"
         )
     if attempt.on_queue_storage:
-        raise QueueStorageAttempt(
-            attempt.job_id, attempt.run_lease, attempt.storage, canonical_too=False
-        )
+        return prepare_receipt(attempt, result, error, progress)
     return prepare_result(attempt.job_id, attempt.run_lease, result, error, progress, named=attempt)
 
 

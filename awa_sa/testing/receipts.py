@@ -5,8 +5,8 @@ On queue storage a job is enqueued into ``S.ready_entries`` (under the next id o
 with a deadline writes a receipt into ``S.lease_claims``: ``attempt`` and ``run_lease`` one
 above the ready row's, the ready row left as it was, the lane's claim sequence advanced past it.
 :func:`queue_storage_attempt` writes those two rows and moves those sequences, so a service's
-test can hand its handler a queue-storage job and check what it does with one (awa-sa lists and
-resolves it, but cannot settle it yet). The suite compares the rows with a real claim.
+test can hand its handler a queue-storage job and check what it does with one (awa-sa lists,
+resolves and settles it). The suite compares the rows with a real claim.
 
 Every statement is built once and reaches the schema through ``schema_translate_map``.
 """

@@ -1,0 +1,187 @@
+"""Settling a queue-storage attempt on the fixture: every result, both receipt shapes.
+
+What each result writes is checked table by table (docs/contract.md#receipts); the rows
+themselves are compared with the real runtime's in test_queue_storage_worker.py. A second settle
+of the same attempt is ``Stale`` and writes nothing, and so is a settle that names the attempt
+with the wrong kind, queue or attempt.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import awa_sa
+import awa_sa_schema
+from awa_sa import RunningAttempt
+from awa_sa.testing import queue_storage_attempt
+
+QS = "awa_qs"
+
+RESULTS: dict[str, Any] = {
+    "complete": awa_sa.Complete(),
+    "cancel": awa_sa.Cancel("by test"),
+    "terminal": awa_sa.Fail("boom", terminal=True),
+    "retry": awa_sa.Fail("transient"),
+    "final": awa_sa.Fail("transient"),
+    "snooze": awa_sa.Snooze(60),
+    "retry_after": awa_sa.RetryAfter(60),
+    "backoff": awa_sa.RetryBackoff(),
+}
+ENDS = {
+    "complete": "completed",
+    "cancel": "cancelled",
+    "terminal": "failed",
+    "final": "failed",
+    "retry": "retryable",
+    "snooze": "scheduled",
+    "retry_after": "retryable",
+    "backoff": "retryable",
+}
+TABLES = (
+    "lease_claim_closures",
+    "lease_claim_closure_batches",
+    "receipt_completion_batches",
+    "done_entries",
+    "deferred_jobs",
+    "queue_terminal_count_deltas",
+)
+
+
+@pytest.fixture
+def active(engine: sa.Engine) -> sa.Engine:
+    with engine.begin() as conn:
+        awa_sa_schema.set_phase(conn, "active", QS)
+    return engine
+
+
+def counts(engine: sa.Engine) -> dict[str, int]:
+    with engine.connect() as conn:
+        return {
+            t: conn.execute(sa.text(f"SELECT count(*) FROM {QS}.{t}")).scalar_one() for t in TABLES
+        }
+
+
+def compact(engine: sa.Engine, attempt: RunningAttempt) -> RunningAttempt:
+    """The same claim as a queue without a deadline makes it: one position of a batch row."""
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"DELETE FROM {QS}.lease_claims"))
+        conn.execute(
+            sa.text(
+                f"INSERT INTO {QS}.lease_claim_batches (claim_slot, batch_id, ready_slot,"
+                " ready_generation, queue, priority, claimed_count, job_ids, run_leases,"
+                " receipt_ids, receipt_ranges, lane_seqs, attempts, max_attempts)"
+                " VALUES (0, 7, 0, 0, :queue, 2, 1, ARRAY[CAST(:job AS bigint)], ARRAY[1],"
+                " ARRAY[CAST(:receipt AS bigint)], int8multirange(int8range(:receipt,"
+                " :receipt + 1)), ARRAY[1], ARRAY[CAST(:attempt AS smallint)],"
+                " ARRAY[CAST(:max AS smallint)])"
+            ),
+            {
+                "queue": attempt.queue,
+                "job": attempt.job_id,
+                "receipt": attempt.receipt_id,
+                "attempt": attempt.attempt,
+                "max": attempt.max_attempts,
+            },
+        )
+    (found,) = awa_sa.running_attempts(engine)
+    assert (found.claim_batch_id, found.claim_batch_index) == (7, 1)
+    return found
+
+
+@pytest.mark.parametrize("shape", ["row", "compact"])
+@pytest.mark.parametrize("bare", [True, False], ids=["bare", "tagged"])
+@pytest.mark.parametrize("name", sorted(RESULTS))
+def test_each_result_writes_its_rows_once(
+    active: sa.Engine, name: str, bare: bool, shape: str
+) -> None:
+    extra: dict[str, Any] = {} if bare else {"tags": ["t1"], "metadata": {"tenant": "acme"}}
+    with active.begin() as conn:
+        attempt = queue_storage_attempt(
+            conn,
+            schema=QS,
+            kind="mail",
+            queue="mail",
+            max_attempts=1 if name == "final" else 3,
+            **extra,
+        )
+    if shape == "compact":
+        attempt = compact(active, attempt)
+    before = counts(active)
+    outcome = awa_sa.settle(active, attempt, RESULTS[name])
+    after = counts(active)
+    state = ENDS[name]
+    fast = name == "complete" and bare
+    terminal = state in ("completed", "cancelled", "failed")
+    written = {t: after[t] - before[t] for t in TABLES}
+    assert written == {
+        "lease_claim_closures": int(shape == "row" and not fast),
+        "lease_claim_closure_batches": int(shape == "compact" or fast),
+        "receipt_completion_batches": int(fast),
+        "done_entries": int(terminal and not fast),
+        "deferred_jobs": int(not terminal),
+        "queue_terminal_count_deltas": int(terminal and not fast),
+    }
+    if terminal:
+        assert (
+            outcome
+            == {
+                "completed": awa_sa.Completed(attempt.job_id),
+                "cancelled": awa_sa.Cancelled(attempt.job_id),
+                "failed": awa_sa.Failed(attempt.job_id, terminal=name == "terminal"),
+            }[state]
+        )
+    else:
+        assert isinstance(outcome, awa_sa.Rescheduled)
+        assert outcome.job_id == attempt.job_id
+        assert outcome.attempt == attempt.attempt - (name == "snooze")
+    with active.connect() as conn:
+        outcomes = conn.execute(
+            sa.text(
+                f"SELECT outcome FROM {QS}.lease_claim_closures UNION ALL"
+                f" SELECT outcome FROM {QS}.lease_claim_closure_batches"
+            )
+        ).scalars()
+        assert list(outcomes) == [state]
+    assert awa_sa.running_attempts(active) == []
+    assert awa_sa.settle(active, attempt, RESULTS[name]) == awa_sa.Stale()
+    assert counts(active) == after
+
+
+@pytest.mark.parametrize("field", ["kind", "queue", "attempt"])
+def test_a_receipt_that_is_no_longer_that_attempt_is_stale(active: sa.Engine, field: str) -> None:
+    with active.begin() as conn:
+        attempt = queue_storage_attempt(conn, schema=QS, kind="mail", queue="mail")
+    other = {"kind": "other", "queue": "other", "attempt": attempt.attempt + 1}[field]
+    before = counts(active)
+    wrong = attempt.__class__(**{**_fields(attempt), field: other})
+    assert awa_sa.settle(active, wrong, awa_sa.Complete()) == awa_sa.Stale()
+    assert counts(active) == before
+    assert [a.receipt_id for a in awa_sa.running_attempts(active)] == [attempt.receipt_id]
+
+
+def _fields(attempt: RunningAttempt) -> dict[str, Any]:
+    return {name: getattr(attempt, name) for name in attempt.__slots__}
+
+
+def test_a_materialised_lease_is_refused_and_nothing_is_written(active: sa.Engine) -> None:
+    with active.begin() as conn:
+        attempt = queue_storage_attempt(conn, schema=QS, kind="mail", queue="mail")
+        conn.execute(
+            sa.text(
+                f"INSERT INTO {QS}.leases (lease_slot, lease_generation, ready_slot,"
+                " ready_generation, job_id, queue, state, priority, attempt, run_lease,"
+                " lane_seq) VALUES (0, 0, 0, 0, :job, 'mail', 'running', 2, 1, 1, 1)"
+            ),
+            {"job": attempt.job_id},
+        )
+        conn.execute(
+            sa.text(f"UPDATE {QS}.lease_claims SET materialized_at = now()"),
+        )
+    before = counts(active)
+    with pytest.raises(awa_sa.MaterialisedAttempt) as refused:
+        awa_sa.settle(active, attempt, awa_sa.Complete())
+    assert (refused.value.job_id, refused.value.schema) == (attempt.job_id, QS)
+    assert counts(active) == before

@@ -53,6 +53,7 @@ from awa_sa.kinds import (
     RetryAfter,
     RetryBackoff,
     Settle,
+    Settlement,
     Snooze,
     Stale,
 )
@@ -60,6 +61,7 @@ from awa_sa.reschedule import (
     reschedule_canonical_attempt,
     reschedule_canonical_attempts,
     settle,
+    settle_attempts,
     settle_canonical_attempt,
     settle_canonical_attempts,
 )
@@ -94,6 +96,7 @@ __all__ = [
     "RetryBackoff",
     "RunningAttempt",
     "Settle",
+    "Settlement",
     "Snooze",
     "Stale",
     "UniqueConflict",
@@ -103,6 +106,7 @@ __all__ = [
     "reschedule_canonical_attempts",
     "running_attempts",
     "settle",
+    "settle_attempts",
     "settle_canonical_attempt",
     "settle_canonical_attempts",
 ]

@@ -29,14 +29,15 @@ from awa_sa.calls import AnyCall, prepare, prepare_all, prepare_batch, prepare_r
 from awa_sa.drivers import check_dialect
 from awa_sa.errors import ValidationError, translated
 from awa_sa.internals import greenlet_spawn
-from awa_sa.kinds import Attempt, Ending, Kind, Outcome, Result, Settle
-from awa_sa.reschedule import settling
+from awa_sa.kinds import Attempt, Ending, Kind, Outcome, Result, Settle, Settlement
+from awa_sa.reschedule import settling, settlings
 from awa_sa.running import RunningAttempt
 
 __all__ = [
     "reschedule_canonical_attempt",
     "reschedule_canonical_attempts",
     "settle",
+    "settle_attempts",
     "settle_canonical_attempt",
     "settle_canonical_attempts",
 ]
@@ -125,6 +126,15 @@ async def settle(
     """Async :func:`awa_sa.settle`; same arguments, outcomes and errors."""
     _check_bind(bind)
     return (await _within(bind, [settling(attempt, result, error, progress)]))[0]
+
+
+async def settle_attempts(
+    bind: AsyncEngine | AsyncConnection | AsyncSession, settlements: Iterable[Settlement]
+) -> list[Ending]:
+    """Async :func:`awa_sa.settle_attempts`; same arguments, outcomes and errors."""
+    _check_bind(bind)
+    calls = settlings(settlements)
+    return await _within(bind, calls) if calls else []
 
 
 def _check_bind(bind: object) -> None:

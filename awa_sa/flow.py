@@ -50,7 +50,7 @@ from awa_sa.kinds import Cancelled, Completed, Ending, Failed, Outcome, Reschedu
 from awa_sa.queue_storage import translate_map
 from awa_sa.statements.canonical import MOVE_IF_CANONICAL, ROUTED_MOVE, ROUTING_LOCK, GoOn
 from awa_sa.statements.endings import END_ATTEMPTS, Answer, EndItem
-from awa_sa.statements.receipt_settles import RECEIPT_LOCK, SETTLE_RECEIPT
+from awa_sa.statements.receipt_settles import RECEIPT_LOCKS, SETTLE_RECEIPT
 from awa_sa.statements.receipt_settles import Settled as Closed
 from awa_sa.statements.receipts import OPEN_CLAIMS
 
@@ -181,24 +181,27 @@ def _checked_then_ended(
 
 
 def receipts(conn: Connection, calls: Sequence[ReceiptCall]) -> list[Ending]:
-    """Queue-storage attempts, each settled as the runtime settles it: its advisory lock, then
-    the one statement (docs/contract.md#receipts). A batch runs under a savepoint, so that a
-    refusal after an earlier item's writes loses nothing on a caller's connection either."""
+    """Queue-storage attempts of one schema, each settled as the runtime settles it: the
+    receipts' advisory locks, then one statement per attempt (docs/contract.md#receipts).
+
+    A batch runs under a savepoint, so that a refusal after an earlier item's writes loses
+    nothing on a caller's connection either.
+    """
     schema = calls[0].schema
     with _failing(calls, schema):
         translate_map(schema)
-    if len(calls) == 1:
-        return [_receipt(conn, calls[0])]
-    with _failing(calls, schema), conn.begin_nested():
-        return [_receipt(conn, call) for call in calls]
+        if len(calls) == 1:
+            run(conn, RECEIPT_LOCKS, [calls[0].item], schema)
+            return [_receipt(conn, calls[0])]
+        with conn.begin_nested():
+            run(conn, RECEIPT_LOCKS, [call.item for call in calls], schema)
+            return [_receipt(conn, call) for call in calls]
 
 
 def _receipt(conn: Connection, call: ReceiptCall) -> Ending:
-    with _failing([call], call.schema):
-        run(conn, RECEIPT_LOCK, call.item, call.schema)
-        closed = run(conn, SETTLE_RECEIPT, call.item, call.schema)
-        if closed.materialised:
-            raise MaterialisedAttempt(call.job_id, call.item.run_lease, call.schema)
+    closed = run(conn, SETTLE_RECEIPT, call.item, call.schema)
+    if closed.materialised:
+        raise MaterialisedAttempt(call.job_id, call.item.run_lease, call.schema)
     outcome = _closed(call, closed)
     if log.isEnabledFor(logging.DEBUG):
         _log(call, call.schema, type(outcome).__name__)

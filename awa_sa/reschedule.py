@@ -23,7 +23,7 @@ from awa_sa.calls import (
 )
 from awa_sa.errors import ValidationError
 from awa_sa.forms import check_bind, within
-from awa_sa.kinds import Attempt, Ending, Kind, Outcome, Result, Settle
+from awa_sa.kinds import Attempt, Ending, Kind, Outcome, Result, Settle, Settlement
 from awa_sa.running import RunningAttempt
 
 if TYPE_CHECKING:
@@ -149,6 +149,43 @@ def settle(
     """
     check_bind(bind)
     return within(bind, [settling(attempt, result, error, progress)])[0]
+
+
+def settle_attempts(
+    bind: Engine | Connection | Session, settlements: Iterable[Settlement]
+) -> list[Ending]:
+    """Settle many running attempts, of either plane, in one transaction: one outcome each.
+
+    Each :class:`~awa_sa.kinds.Settlement` is what :func:`settle` takes; the outcomes and rows
+    are those of settling each in turn inside one transaction (a repeated attempt is ``Stale``
+    the second time). Every item is validated before any statement (a refusal names its
+    index). Consecutive canonical items share their statements as in
+    :func:`settle_canonical_attempts`; consecutive queue-storage items of one schema take
+    their receipts' locks in one statement, then one statement each
+    (docs/contract.md#statement-counts). ``bind`` is as for :func:`settle`.
+    """
+    check_bind(bind)
+    calls = settlings(settlements)
+    return within(bind, calls) if calls else []
+
+
+def settlings(settlements: object) -> list[AnyCall]:
+    """The validated calls of a batch of settlements, or the first item's reason to refuse."""
+    if isinstance(settlements, str | bytes) or not isinstance(settlements, Iterable):
+        raise ValidationError(
+            f"settlements must be an iterable of Settlement, got {type(settlements).__name__}"
+        )
+    calls: list[AnyCall] = []
+    for index, item in enumerate(settlements):
+        if not isinstance(item, Settlement):
+            raise ValidationError(
+                f"settlements[{index}] must be a Settlement, got {type(item).__name__}"
+            )
+        try:
+            calls.append(settling(item.attempt, item.result, item.error, item.progress))
+        except ValidationError as exc:
+            raise ValidationError(f"settlements[{index}]: {exc}") from exc
+    return calls
 
 
 def settling(attempt: object, result: object, error: object, progress: object) -> AnyCall:

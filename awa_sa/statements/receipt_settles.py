@@ -28,7 +28,7 @@ runtime sends them:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal, NamedTuple
 
@@ -69,7 +69,15 @@ from awa_sa import queue_storage as qs
 from awa_sa.statements.duplicate import insert_terminal_delta
 from awa_sa.statements.endings import rfc3339
 from awa_sa.statements.registry import Query, statement
-from awa_sa.statements.sql import EMPTY_ARRAY, EMPTY_OBJECT, concat, head_row, head_then
+from awa_sa.statements.sql import (
+    EMPTY_ARRAY,
+    EMPTY_OBJECT,
+    bound_rows,
+    concat,
+    head_row,
+    head_then,
+    rows_as_binds,
+)
 from awa_sa.tables import JOB_STATES, Timestamp, job_state, job_unique_claims
 
 ReceiptTag = Literal[
@@ -142,15 +150,22 @@ def _text(value: str) -> ColumnElement[Any]:
 
 
 @statement
-def receipt_lock() -> Select[Any]:
-    """The runtime's advisory lock on one attempt's receipt, held to the end of the transaction."""
+def receipt_lock(*, batch: bool) -> Select[Any]:
+    """The runtime's advisory lock on each attempt's receipt, held to the end of the
+    transaction; a batch takes them in one statement, distinct and in ascending key order, as
+    the runtime's batched completion does, so that the two cannot deadlock."""
+    fields = [("b_job_id", "job_id", BigInteger), ("b_run_lease", "run_lease", BigInteger)]
+    pairs = bound_rows("pairs", fields, batch)
     # ``format('...%s:%s', ...)`` as the runtime spells it, without a ``%`` in the text: the
     # same key for bigints, and no literal a driver's paramstyle could take for a placeholder.
-    job_id = cast(bindparam("b_job_id", type_=BigInteger), Text)
-    lease = cast(bindparam("b_run_lease", type_=BigInteger), Text)
-    key = _text(LOCK_PREFIX) + job_id + _text(":") + lease
+    key = (
+        _text(LOCK_PREFIX) + cast(pairs.c.job_id, Text) + _text(":") + cast(pairs.c.run_lease, Text)
+    )
     lock_key = func.pg_catalog.hashtextextended(key, literal_column("0"), type_=BigInteger)
-    return select(func.pg_catalog.pg_advisory_xact_lock(lock_key, type_=Text).label("locked"))
+    keys = select(lock_key.label("lock_key")).distinct().order_by(lock_key)
+    ordered = keys.cte("locks").prefix_with("MATERIALIZED")
+    locked = func.pg_catalog.pg_advisory_xact_lock(ordered.c.lock_key, type_=Text)
+    return select(locked.label("locked"))
 
 
 def _is(row: Any, *tags: ReceiptTag) -> ColumnElement[bool]:
@@ -689,10 +704,12 @@ class Settled(NamedTuple):
         return cls(bool(row.materialised), row.job_id, row.next_state, row.run_at, row.attempt)
 
 
-RECEIPT_LOCK: Query[ReceiptItem, None] = Query(
-    lambda _: receipt_lock(),
-    lambda item: {"b_job_id": item.job_id, "b_run_lease": item.run_lease},
-    lambda result: None,
+def _lock_binds(items: Sequence[ReceiptItem]) -> Mapping[str, Any]:
+    return rows_as_binds([{"b_job_id": i.job_id, "b_run_lease": i.run_lease} for i in items])
+
+
+RECEIPT_LOCKS: Query[Sequence[ReceiptItem], None] = Query(
+    lambda items: receipt_lock(batch=len(items) > 1), _lock_binds, lambda result: None
 )
 SETTLE_RECEIPT: Query[ReceiptItem, Settled] = Query(
     lambda _: settle_receipt(), _binds, Settled.read

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from jobs import insert_job
 
 import awa_sa
 import awa_sa_schema
@@ -185,3 +186,52 @@ def test_a_materialised_lease_is_refused_and_nothing_is_written(active: sa.Engin
         awa_sa.settle(active, attempt, awa_sa.Complete())
     assert (refused.value.job_id, refused.value.schema) == (attempt.job_id, QS)
     assert counts(active) == before
+
+
+def test_a_batch_of_both_planes_is_one_by_one(engine: sa.Engine) -> None:
+    """``settle_attempts``: canonical and queue-storage items, in input order, a repeat Stale."""
+    with engine.begin() as conn:
+        awa_sa_schema.set_phase(conn, "mixed_transition", QS)
+        canonical_id = insert_job(conn, kind="mail", queue="mail")
+        receipts = [queue_storage_attempt(conn, schema=QS, kind="mail", queue="mail") for _ in "ab"]
+    (canonical,) = [a for a in awa_sa.running_attempts(engine) if not a.on_queue_storage]
+    assert canonical.job_id == canonical_id
+    first, second = receipts
+    items = [
+        awa_sa.Settlement(first, awa_sa.Complete()),
+        awa_sa.Settlement(canonical, awa_sa.Cancel("gone")),
+        awa_sa.Settlement(second, awa_sa.Snooze(30)),
+        awa_sa.Settlement(first, awa_sa.Complete()),
+    ]
+    outcomes = awa_sa.settle_attempts(engine, items)
+    assert outcomes[:2] == [awa_sa.Completed(first.job_id), awa_sa.Cancelled(canonical_id)]
+    assert isinstance(outcomes[2], awa_sa.Rescheduled)
+    assert outcomes[3] == awa_sa.Stale()
+    assert awa_sa.running_attempts(engine) == []
+    assert awa_sa.settle_attempts(engine, []) == []
+
+
+def test_a_refused_item_leaves_the_callers_transaction_as_it_was(active: sa.Engine) -> None:
+    with active.begin() as conn:
+        ok = queue_storage_attempt(conn, schema=QS, kind="mail", queue="mail")
+        held = queue_storage_attempt(conn, schema=QS, kind="mail", queue="mail")
+        conn.execute(
+            sa.text(
+                f"INSERT INTO {QS}.leases (lease_slot, lease_generation, ready_slot,"
+                " ready_generation, job_id, queue, state, priority, attempt, run_lease,"
+                " lane_seq) VALUES (0, 0, 0, 0, :job, 'mail', 'running', 2, 1, 1, 2)"
+            ),
+            {"job": held.job_id},
+        )
+    before = counts(active)
+    with active.begin() as conn:
+        items = [
+            awa_sa.Settlement(ok, awa_sa.Complete()),
+            awa_sa.Settlement(held, awa_sa.Complete()),
+        ]
+        with pytest.raises(awa_sa.MaterialisedAttempt):
+            awa_sa.settle_attempts(conn, items)
+        assert conn.execute(sa.text("SELECT 1")).scalar_one() == 1  # still usable
+    assert counts(active) == before
+    with pytest.raises(awa_sa.ValidationError, match=r"settlements\[1\]"):
+        awa_sa.settle_attempts(active, [awa_sa.Settlement(ok, awa_sa.Complete()), "no"])  # type: ignore[list-item]

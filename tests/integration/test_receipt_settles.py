@@ -17,7 +17,7 @@ from jobs import insert_job
 import awa_sa
 import awa_sa_schema
 from awa_sa import RunningAttempt
-from awa_sa.testing import queue_storage_attempt
+from awa_sa.testing import locate, queue_storage_attempt
 
 QS = "awa_qs"
 
@@ -111,6 +111,11 @@ def test_each_result_writes_its_rows_once(
     if shape == "compact":
         attempt = compact(active, attempt)
     before = counts(active)
+    with active.connect() as conn:
+        running = locate(conn, attempt.job_id, schema=QS)
+    assert running is not None
+    claimed = "lease_claims" if shape == "row" else "lease_claim_batches"
+    assert (running.table, running.state) == (claimed, "running")
     outcome = awa_sa.settle(active, attempt, RESULTS[name])
     after = counts(active)
     state = ENDS[name]
@@ -146,6 +151,13 @@ def test_each_result_writes_its_rows_once(
             )
         ).scalars()
         assert list(outcomes) == [state]
+    with active.connect() as conn:
+        where = locate(conn, attempt.job_id, schema=QS)
+    assert where is not None
+    table = (
+        "receipt_completion_batches" if fast else "done_entries" if terminal else "deferred_jobs"
+    )
+    assert (where.table, where.state, where.run_lease) == (table, state, 1)
     assert awa_sa.running_attempts(active) == []
     assert awa_sa.settle(active, attempt, RESULTS[name]) == awa_sa.Stale()
     assert counts(active) == after

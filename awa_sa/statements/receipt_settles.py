@@ -288,7 +288,9 @@ def _batch_target(asked: CTE) -> Select[Any]:
                 b.claim_slot, asked.c.job_id, asked.c.run_lease, asked.c.receipt_id, in_slot=True
             ),
         )
-        .with_for_update(of=batches)
+        # Not locked: the batch row is append-only and holds its siblings' receipts too, whose
+        # settles by the runtime's slow path lock it; the receipt's advisory lock already
+        # serialises every settle of this attempt.
     )
 
 

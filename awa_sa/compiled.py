@@ -4,8 +4,10 @@
 key on every call, and for the 27-column move that walk costs more than our whole Python flow.
 Our statements are immutable objects built once (:mod:`awa_sa.statements`), so the key is known
 in advance: their identity, the dialect and the schema. The text is compiled once for that key,
-with the schema rendered in, and sent with ``Connection.exec_driver_sql``: the same connection,
-transaction, savepoints and events (``before_cursor_execute`` still fires), without the walk.
+with the schema rendered in, and sent as ``Connection.exec_driver_sql`` sends driver SQL: the
+same connection, transaction, savepoints and events (``before_cursor_execute`` still fires),
+without the walk, and answered by a plain ``Result`` over the fetched rows rather than a
+``CursorResult`` built afresh each call (:func:`awa_sa.internals.lean_execute`).
 
 The flow always speaks in named values. A named-parameter driver (psycopg 3, psycopg2) takes
 them as a dict; a positional one (asyncpg's ``$1``, pg8000's ``%s``) takes a tuple in the order
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from weakref import WeakKeyDictionary
 
 from sqlalchemy import Connection, CursorResult
@@ -29,6 +31,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement
 
+from awa_sa.internals import lean_execute
 from awa_sa.queue_storage import translate_map
 from awa_sa.statements.registry import P, Query, R
 
@@ -103,9 +106,14 @@ def execute(
     params: Mapping[str, Any] | None = None,
     schema: str | None = None,
 ) -> CursorResult[Any]:
-    """Run *stmt* on *conn*: its compiled text and *params*, in whatever transaction is open."""
+    """Run *stmt* on *conn*: its compiled text and *params*, in whatever transaction is open.
+
+    As ``exec_driver_sql`` would, but answered by a plain ``Result`` over the fetched rows
+    (:func:`awa_sa.internals.lean_execute`); typed as the ``CursorResult`` the statements'
+    readers take, of which they use only the ``Result`` API.
+    """
     text = compiled(stmt, conn.dialect, schema)
-    return conn.exec_driver_sql(text.sql, text.params(params or {}))
+    return cast(CursorResult[Any], lean_execute(conn, text.sql, text.params(params or {})))
 
 
 def run(conn: Connection, query: Query[P, R], params: P, schema: str | None = None) -> R:

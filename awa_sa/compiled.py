@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, cast
-from weakref import WeakKeyDictionary
+from typing import Any
+from weakref import WeakKeyDictionary, ref
 
 from sqlalchemy import Connection, CursorResult
 from sqlalchemy.engine import Dialect
@@ -91,13 +91,23 @@ _cache: WeakKeyDictionary[Dialect, dict[tuple[ClauseElement, str | None], Compil
 
 def compiled(stmt: ClauseElement, dialect: Dialect, schema: str | None = None) -> Compiled:
     """The text of *stmt* for *dialect* and *schema*, compiled on first use only."""
-    per_dialect = _cache.get(dialect)
-    if per_dialect is None:
-        per_dialect = _cache.setdefault(dialect, {})
+    global _recent  # noqa: PLW0603 -- one tuple, replaced whole: safe across threads
+    recent = _recent
+    if recent is not None and recent[0]() is dialect:
+        per_dialect = recent[1]
+    else:
+        per_dialect = _cache.get(dialect) or _cache.setdefault(dialect, {})
+        _recent = (ref(dialect), per_dialect)
     found = per_dialect.get((stmt, schema))
     if found is None:
         found = per_dialect[(stmt, schema)] = compile_statement(stmt, dialect, schema)
     return found
+
+
+_recent: tuple[ref[Dialect], dict[tuple[ClauseElement, str | None], Compiled]] | None = None
+"""The last dialect's entries, found without the ``WeakKeyDictionary``'s Python-level lookup
+(a service has one engine, so nearly every call finds them here). The dialect itself is only
+weakly held; the one dict of entries it keeps alive is bounded."""
 
 
 def execute(
@@ -109,13 +119,17 @@ def execute(
     """Run *stmt* on *conn*: its compiled text and *params*, in whatever transaction is open.
 
     As ``exec_driver_sql`` would, but answered by a plain ``Result`` over the fetched rows
-    (:func:`awa_sa.internals.lean_execute`); typed as the ``CursorResult`` the statements'
-    readers take, of which they use only the ``Result`` API.
+    (:func:`awa_sa.internals.lean_execute`), of which the statements' readers use only the
+    ``Result`` API.
     """
     text = compiled(stmt, conn.dialect, schema)
-    return cast(CursorResult[Any], lean_execute(conn, text.sql, text.params(params or {})))
+    return lean_execute(conn, text.sql, text.params(params or {}))
 
 
 def run(conn: Connection, query: Query[P, R], params: P, schema: str | None = None) -> R:
-    """Run *query* with *params* on *conn*, as the statement its parameters call for."""
-    return query.read(execute(conn, query.shape(params), query.binds(params), schema))
+    """Run *query* with *params* on *conn*, as the statement its parameters call for.
+
+    :func:`execute` inlined: this is on the path of every call.
+    """
+    text = compiled(query.shape(params), conn.dialect, schema)
+    return query.read(lean_execute(conn, text.sql, text.params(query.binds(params))))

@@ -8,11 +8,10 @@ beside it fails if the internal it relies on moves.
 from __future__ import annotations
 
 import traceback
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, CursorResult
 from sqlalchemy.engine import Dialect, Engine, IteratorResult, Result
 from sqlalchemy.engine.default import DefaultExecutionContext
 from sqlalchemy.engine.result import SimpleResultMetaData
@@ -30,8 +29,9 @@ from sqlalchemy.util import greenlet_spawn
 
 __all__ = [
     "SchemaTranslatedFunction",
+    "autocommit_off",
+    "autocommit_on",
     "connect_isolation_level",
-    "driver_autocommit",
     "greenlet_spawn",
     "in_autocommit",
     "lean_execute",
@@ -75,31 +75,32 @@ def in_autocommit(conn: Connection) -> bool:
     return bool(getattr(conn.connection.dbapi_connection, "autocommit", False))
 
 
-@contextmanager
-def driver_autocommit(conn: Connection) -> Iterator[bool]:
-    """The driver connection in autocommit for the block; yields False when it cannot be.
+def autocommit_on(conn: Connection) -> Any | None:
+    """*conn*'s driver connection switched to autocommit; None when it cannot be (no driver
+    connection, or in autocommit already). :func:`autocommit_off` switches it back.
 
     Switched on the driver connection for this one statement, not through SQLAlchemy's
     ``isolation_level`` execution option, which would stay set on the Connection until checkin
     and then be reset by the dialect: the caller's engine and pool are left as they are, and on
     the drivers that take this path (psycopg 3, psycopg2, asyncpg's adapter; pg8000 never does,
-    see ``awa_sa.forms``) both switches are a flag set in the client, no round trip. A
-    connection that cannot be switched back is invalidated, never returned to the pool in
-    autocommit.
+    see ``awa_sa.forms``) both switches are a flag set in the client, no round trip. Two plain
+    functions rather than a context manager: this is on the path of every Engine call.
     tests/integration/test_one_statement.py, tests/integration/test_forms.py.
     """
     dbapi = conn.connection.dbapi_connection
-    if dbapi is None or in_autocommit(conn):
-        yield False
-        return
+    if dbapi is None or getattr(dbapi, "autocommit", False):
+        return None
     dbapi.autocommit = True
+    return dbapi
+
+
+def autocommit_off(conn: Connection, dbapi: Any) -> None:
+    """Back out of :func:`autocommit_on`; a connection that cannot be switched back is
+    invalidated, never returned to the pool in autocommit."""
     try:
-        yield True
-    finally:
-        try:
-            dbapi.autocommit = False
-        except Exception:
-            conn.invalidate()
+        dbapi.autocommit = False
+    except Exception:  # whatever the driver raises, the connection goes
+        conn.invalidate()
 
 
 class SchemaTranslatedFunction(FunctionElement[None]):
@@ -180,8 +181,13 @@ def _lean_context(dialect: Dialect) -> type[DefaultExecutionContext]:
 
 def lean_execute(
     conn: Connection, statement: str, parameters: Mapping[str, Any] | tuple[Any, ...]
-) -> Result[Any]:
-    """``conn.exec_driver_sql(statement, parameters)``, answered by an ``IteratorResult``."""
+) -> CursorResult[Any]:
+    """``conn.exec_driver_sql(statement, parameters)``, answered by an ``IteratorResult``.
+
+    Typed as what ``_execute_context`` is declared to return, the ``CursorResult`` the
+    statements' readers are written against; they use only the ``Result`` API, which the
+    ``IteratorResult`` has whole (tests/integration/test_compiled.py reads it both ways).
+    """
     dialect = conn.dialect
     return conn._execute_context(
         dialect,

@@ -89,7 +89,7 @@ def within(bind: Engine | Connection | Session, calls: Sequence[AnyCall]) -> lis
         finally:
             conn.close()
     except Exception as exc:
-        raise _translated(exc)  # noqa: B904 -- translated() chained it already
+        raise translated_error(exc)  # noqa: B904 -- translated() chained it already
     return done
 
 
@@ -159,7 +159,7 @@ def _guarded(conn: Connection, flow_step: Callable[[Connection, _C], _T], calls:
     try:  # the statements, savepoints, and a connection that died midway
         return flow_step(conn, calls)
     except Exception as exc:
-        error = _translated(exc)
+        error = translated_error(exc)
         if (
             isinstance(error, DatabaseError)
             and error.sqlstate == CONNECTION_LOST
@@ -172,7 +172,7 @@ def _guarded(conn: Connection, flow_step: Callable[[Connection, _C], _T], calls:
         raise error  # noqa: B904 -- translated() chained it already
 
 
-def _translated(exc: Exception) -> Exception:
+def translated_error(exc: Exception) -> Exception:
     """*exc* as :func:`~awa_sa.errors.translated` lets it out (itself when already ours).
 
     Entered only once something was raised, so a call that succeeds never pays for the context

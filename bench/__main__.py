@@ -12,8 +12,10 @@ fixture flipped into ``mixed_transition`` towards ``awa_qs``. Parts, in order:
 3. the database's own time per reschedule (:mod:`bench.server_cost`);
 4. 1, 4 and 16 concurrent callers, and what they wait on (:mod:`bench.concurrency`);
 5. routing (canonical against queue storage) and batches against single calls;
-6. each ending (complete, cancel, fail) against the worker's own UPDATE (:mod:`bench.endings`);
-7. only when asked (``--only pooled``): 16 callers through PgBouncer beside 16 direct
+6. each ending (complete, cancel, fail) against the worker's own UPDATE (:mod:`bench.endings`),
+   and the settle of a queue-storage attempt against its own statements sent raw
+   (:mod:`bench.receipts`);
+8. only when asked (``--only pooled``): 16 callers through PgBouncer beside 16 direct
    (:mod:`bench.pooled`).
 
 Run it as ``.venv/bin/python -m bench``; figures also go to ``bench/results.json``.
@@ -38,7 +40,7 @@ import sqlalchemy as sa
 
 from awa_sa import Attempt, reschedule_canonical_attempt, reschedule_canonical_attempts
 from awa_sa.testing.server import embedded_postgres
-from bench import breakdown, concurrency, endings, pooled, server_cost, variants
+from bench import breakdown, concurrency, endings, pooled, receipts, server_cost, variants
 from bench.measure import interleave
 from bench.proxy import Distant
 from bench.report import report
@@ -55,6 +57,7 @@ PARTS = (
     "batch",
     "batch_queue_storage",
     "endings",
+    "receipts",
 )
 OPTIONAL_PARTS = ("pooled",)
 """Run only when named in --only: ``pooled`` needs pgbouncer and takes a minute."""
@@ -79,13 +82,16 @@ def single_call(host: str, port: int, dbname: str, url: str, a: Any) -> dict[str
     }
 
 
-def _rounds(items: list[variants.Variant], url: str, a: Any) -> list[dict[str, Any]]:
+def _rounds(
+    items: list[variants.Variant], url: str, a: Any, supply: Any = None
+) -> list[dict[str, Any]]:
     """*a.single_rounds* independent measurements of *items*: fresh attempts and a warm-up
-    each, so that a ratio is read as its spread across rounds, not one round's value."""
+    each, so that a ratio is read as its spread across rounds, not one round's value.
+    *supply* gives the attempts (canonical ``Jobs`` by default)."""
     out = []
     for _ in range(a.single_rounds):
         samples = interleave(
-            items, Jobs(url), rounds=a.rounds, per_round=a.per_round, warmup=a.warmup
+            items, supply or Jobs(url), rounds=a.rounds, per_round=a.per_round, warmup=a.warmup
         )
         out.append({v.name: samples[v.name].summary() for v in items})
     return out
@@ -104,6 +110,21 @@ def completion(url: str, a: Any) -> dict[str, Any]:
     built = endings.build(url)
     try:
         rounds = _rounds(built.items, url, a)
+    finally:
+        built.close()
+    return {
+        "variants": _medians(rounds),
+        "rounds": rounds,
+        "groups": {v.name: v.group for v in built.items},
+    }
+
+
+def queue_storage_settles(url: str, a: Any) -> dict[str, Any]:
+    """The queue-storage settle against its own statements sent raw (:mod:`bench.receipts`)."""
+    supply = receipts.Receipts(url)
+    built = receipts.build(url, supply)
+    try:
+        rounds = _rounds(built.items, url, a, supply)
     finally:
         built.close()
     return {
@@ -266,6 +287,7 @@ def main() -> None:
         timed("batch", batches, canon, a.batch_rounds)
         timed("batch_queue_storage", batches, qs, a.batch_rounds)
         timed("endings", completion, url, a)
+        timed("receipts", queue_storage_settles, database_url(server, "qs"), a)
         canon.dispose()
         qs.dispose()
         timed("pooled", pooled.run, server, a.pooled_seconds)

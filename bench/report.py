@@ -58,6 +58,11 @@ def report(r: dict[str, Any]) -> None:
             )
     if "endings" in r:
         _endings(r["endings"])
+    if "receipts" in r:
+        _endings(
+            r["receipts"],
+            "7. a queue-storage completion, psycopg 3, against its own two statements sent raw",
+        )
     parts = ", ".join(f"{k} {v:.0f} s" for k, v in r["parts_seconds"].items())
     print(f"parts: {parts}")
 
@@ -162,11 +167,13 @@ def _single(single: dict[str, Any]) -> None:
             print(f"    {name:34} {cells[0]}  |  {cells[1]}")
 
 
-def _endings(part: dict[str, Any]) -> None:
+def _endings(
+    part: dict[str, Any], title: str = "6. each ending, psycopg 3, against the worker's own UPDATE"
+) -> None:
     n = len(part.get("rounds") or [0])
     print(
-        f"6. each ending, psycopg 3, against the worker's own UPDATE ({n} rounds; x its floor,"
-        " median [min-max]; the Connection form against it inside an open transaction)"
+        f"{title} ({n} rounds; x its floor, median [min-max]; the Connection form against it"
+        " inside an open transaction)"
     )
     wall = spread(part)
     for name, row in part["variants"].items():

@@ -21,7 +21,7 @@ import pytest
 pytestmark = pytest.mark.slow  # the whole benchmark, about 20 s at its smallest
 
 ROOT = Path(__file__).resolve().parents[2]
-PARTS = ("single", "breakdown", "distance", "server", "callers", "routing", "endings")
+PARTS = ("single", "breakdown", "distance", "server", "callers", "routing", "endings", "receipts")
 SMALLEST = (
     *("--single-rounds", "2", "--rounds", "2", "--per-round", "2", "--warmup", "2"),
     *("--far-rounds", "1", "--far-per-round", "2", "--server-calls", "5"),
@@ -154,6 +154,19 @@ def test_the_endings_part_has_each_endings_floors_and_forms(written: dict[str, A
     assert list(endings["variants"]) == names
     assert _not_positive(endings["variants"], "wall_us", "cpu_us") == []
     assert [list(r) for r in endings["rounds"]] == [names, names]
+
+
+def test_the_receipts_part_has_the_queue_storage_settles_floors_and_forms(
+    written: dict[str, Any],
+) -> None:
+    part = written["receipts"]
+    names = [
+        f"psycopg queue-storage complete {form}"
+        for form in ("floor", "in-transaction floor", "awa-sa Engine", "awa-sa Connection")
+    ]
+    assert list(part["variants"]) == names
+    assert _not_positive(part["variants"], "wall_us", "cpu_us") == []
+    assert [list(r) for r in part["rounds"]] == [names, names]
 
 
 def test_the_single_part_is_independent_rounds(written: dict[str, Any]) -> None:

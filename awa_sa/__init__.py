@@ -28,6 +28,7 @@ from awa_sa.errors import (
     AwaSAError,
     DatabaseError,
     InvalidSchemaName,
+    MaterialisedAttempt,
     NotAnAwaDatabase,
     QueueStorageAttempt,
     ReadOnlyTransaction,
@@ -52,6 +53,7 @@ from awa_sa.kinds import (
     RetryAfter,
     RetryBackoff,
     Settle,
+    Settlement,
     Snooze,
     Stale,
 )
@@ -59,6 +61,7 @@ from awa_sa.reschedule import (
     reschedule_canonical_attempt,
     reschedule_canonical_attempts,
     settle,
+    settle_attempts,
     settle_canonical_attempt,
     settle_canonical_attempts,
 )
@@ -81,6 +84,7 @@ __all__ = [
     "Failed",
     "InvalidSchemaName",
     "Kind",
+    "MaterialisedAttempt",
     "Migrated",
     "NotAnAwaDatabase",
     "Outcome",
@@ -92,6 +96,7 @@ __all__ = [
     "RetryBackoff",
     "RunningAttempt",
     "Settle",
+    "Settlement",
     "Snooze",
     "Stale",
     "UniqueConflict",
@@ -101,6 +106,7 @@ __all__ = [
     "reschedule_canonical_attempts",
     "running_attempts",
     "settle",
+    "settle_attempts",
     "settle_canonical_attempt",
     "settle_canonical_attempts",
 ]

@@ -27,16 +27,17 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from awa_sa import forms
 from awa_sa.calls import AnyCall, prepare, prepare_all, prepare_batch, prepare_result
 from awa_sa.drivers import check_dialect
-from awa_sa.errors import ValidationError, translated
+from awa_sa.errors import ValidationError
 from awa_sa.internals import greenlet_spawn
-from awa_sa.kinds import Attempt, Ending, Kind, Outcome, Result, Settle
-from awa_sa.reschedule import settling
+from awa_sa.kinds import Attempt, Ending, Kind, Outcome, Result, Settle, Settlement
+from awa_sa.reschedule import settling, settlings
 from awa_sa.running import RunningAttempt
 
 __all__ = [
     "reschedule_canonical_attempt",
     "reschedule_canonical_attempts",
     "settle",
+    "settle_attempts",
     "settle_canonical_attempt",
     "settle_canonical_attempts",
 ]
@@ -127,6 +128,15 @@ async def settle(
     return (await _within(bind, [settling(attempt, result, error, progress)]))[0]
 
 
+async def settle_attempts(
+    bind: AsyncEngine | AsyncConnection | AsyncSession, settlements: Iterable[Settlement]
+) -> list[Ending]:
+    """Async :func:`awa_sa.settle_attempts`; same arguments, outcomes and errors."""
+    _check_bind(bind)
+    calls = settlings(settlements)
+    return await _within(bind, calls) if calls else []
+
+
 def _check_bind(bind: object) -> None:
     if isinstance(bind, AsyncEngine | AsyncConnection):
         check_dialect(bind.dialect, is_async=True)
@@ -144,7 +154,10 @@ async def _within(
 ) -> list[Ending]:
     if isinstance(bind, AsyncEngine):
         return await greenlet_spawn(forms.within, bind.sync_engine, calls)
-    with translated():  # a connection that died under run_sync, or a Session's autobegin
+    try:  # a connection that died under run_sync, or a Session's autobegin
         if isinstance(bind, AsyncSession):
             bind = await bind.connection()
         return await bind.run_sync(forms.in_transaction, calls)
+    except Exception as exc:
+        # translated() entered only once something was raised (as in awa_sa.forms)
+        raise forms.translated_error(exc)  # noqa: B904 -- translated() chained it already

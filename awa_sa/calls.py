@@ -14,13 +14,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from awa_sa.errors import ValidationError
+from awa_sa.errors import MaterialisedAttempt, ValidationError
 from awa_sa.kinds import (
     Attempt,
     Cancel,
     Complete,
     Fail,
     Kind,
+    Result,
     RetryAfter,
     RetryBackoff,
     Settle,
@@ -30,6 +31,7 @@ from awa_sa.kinds import (
 from awa_sa.running import RunningAttempt
 from awa_sa.statements.attempts import KindTag, MoveItem
 from awa_sa.statements.endings import EndItem, EndTag
+from awa_sa.statements.receipt_settles import ReceiptItem, ReceiptTag
 
 _BIGINT_MIN, _BIGINT_MAX = -(2**63), 2**63 - 1
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
@@ -78,13 +80,7 @@ def prepare(
     delay: float | None = None
     tag: KindTag
     if isinstance(kind, Snooze | RetryAfter):
-        check_delay(kind.delay_secs)
-        delay = float(kind.delay_secs)
-        now = time.time()
-        if not _RUN_AT_MIN - now <= delay <= _RUN_AT_MAX - now:
-            raise ValidationError(
-                f"delay_secs={kind.delay_secs!r} puts run_at outside years 1..9999"
-            )
+        delay = _delay(kind)
         tag = "snooze" if isinstance(kind, Snooze) else "retry_after"
     elif isinstance(kind, RetryBackoff):
         tag = "retry_backoff"
@@ -101,6 +97,15 @@ def prepare(
     if named is not None:
         item = item._replace(kind=named.kind, queue=named.queue, attempt=named.attempt)
     return Call(kind, item)
+
+
+def _delay(kind: Snooze | RetryAfter) -> float:
+    check_delay(kind.delay_secs)
+    delay = float(kind.delay_secs)
+    now = time.time()
+    if not _RUN_AT_MIN - now <= delay <= _RUN_AT_MAX - now:
+        raise ValidationError(f"delay_secs={kind.delay_secs!r} puts run_at outside years 1..9999")
+    return delay
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +125,20 @@ class EndCall:
         return self.item.kind is None
 
 
-AnyCall = Call | EndCall
+@dataclass(frozen=True, slots=True)
+class ReceiptCall:
+    """One validated settle of a queue-storage attempt, in its schema (``storage``)."""
+
+    kind: Result
+    item: ReceiptItem
+    schema: str
+
+    @property
+    def job_id(self) -> int:
+        return self.item.job_id
+
+
+AnyCall = Call | EndCall | ReceiptCall
 
 
 def prepare_result(
@@ -161,6 +179,58 @@ def prepare_result(
     if named is not None:
         item = item._replace(kind=named.kind, queue=named.queue, attempt=named.attempt)
     return EndCall(result, item)
+
+
+def prepare_receipt(
+    attempt: RunningAttempt, result: object, error: object, progress: object
+) -> ReceiptCall:
+    """A queue-storage attempt's settle as a :class:`ReceiptCall`, or why it can never be made.
+
+    ``error`` is for a re-schedule, as on the canonical plane; ``progress`` None keeps the
+    progress the attempt last flushed, as the runtime does.
+    """
+    delay: float | None = None
+    message: str | None = None
+    tag: ReceiptTag
+    if isinstance(result, Complete):
+        tag = "complete"
+    elif isinstance(result, Cancel):
+        tag, message = "cancel", _text("Cancel reason", result.reason)
+    elif isinstance(result, Fail):
+        tag = "fail_terminal" if result.terminal else "fail"
+        message = _text("Fail error", result.error)
+    elif isinstance(result, Snooze | RetryAfter):
+        delay = _delay(result)
+        tag = "snooze" if isinstance(result, Snooze) else "retry_after"
+    elif isinstance(result, RetryBackoff):
+        tag = "retry_backoff"
+    else:
+        raise ValidationError(
+            "result must be Complete, Cancel, Fail, Snooze, RetryAfter or RetryBackoff, "
+            f"got {result!r}"
+        )
+    if error is not None and message is not None:
+        raise ValidationError("error= is for a re-schedule; Cancel and Fail carry their own text")
+    if attempt.claim_slot is None or attempt.receipt_id is None:
+        # Only a lease materialised from a compact receipt lists without its receipt.
+        raise MaterialisedAttempt(attempt.job_id, attempt.run_lease, attempt.storage)
+    item = ReceiptItem(
+        attempt.job_id,
+        attempt.run_lease,
+        attempt.claim_slot,
+        attempt.receipt_id,
+        attempt.claim_batch_id,
+        attempt.claim_batch_index,
+        tag,
+        message,
+        None if message is not None else _json_text("error", error),
+        _json_text("progress", progress),
+        delay,
+        attempt.kind,
+        attempt.queue,
+        attempt.attempt,
+    )
+    return ReceiptCall(result, item, attempt.storage)
 
 
 def retry_of(call: EndCall, attempt: int, at: str) -> Call:

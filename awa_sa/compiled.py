@@ -4,8 +4,10 @@
 key on every call, and for the 27-column move that walk costs more than our whole Python flow.
 Our statements are immutable objects built once (:mod:`awa_sa.statements`), so the key is known
 in advance: their identity, the dialect and the schema. The text is compiled once for that key,
-with the schema rendered in, and sent with ``Connection.exec_driver_sql``: the same connection,
-transaction, savepoints and events (``before_cursor_execute`` still fires), without the walk.
+with the schema rendered in, and sent as ``Connection.exec_driver_sql`` sends driver SQL: the
+same connection, transaction, savepoints and events (``before_cursor_execute`` still fires),
+without the walk, and answered by a plain ``Result`` over the fetched rows rather than a
+``CursorResult`` built afresh each call (:func:`awa_sa.internals.lean_execute`).
 
 The flow always speaks in named values. A named-parameter driver (psycopg 3, psycopg2) takes
 them as a dict; a positional one (asyncpg's ``$1``, pg8000's ``%s``) takes a tuple in the order
@@ -22,13 +24,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from weakref import WeakKeyDictionary
+from weakref import WeakKeyDictionary, ref
 
 from sqlalchemy import Connection, CursorResult
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement
 
+from awa_sa.internals import lean_execute
 from awa_sa.queue_storage import translate_map
 from awa_sa.statements.registry import P, Query, R
 
@@ -88,13 +91,23 @@ _cache: WeakKeyDictionary[Dialect, dict[tuple[ClauseElement, str | None], Compil
 
 def compiled(stmt: ClauseElement, dialect: Dialect, schema: str | None = None) -> Compiled:
     """The text of *stmt* for *dialect* and *schema*, compiled on first use only."""
-    per_dialect = _cache.get(dialect)
-    if per_dialect is None:
-        per_dialect = _cache.setdefault(dialect, {})
+    global _recent  # noqa: PLW0603 -- one tuple, replaced whole: safe across threads
+    recent = _recent
+    if recent is not None and recent[0]() is dialect:
+        per_dialect = recent[1]
+    else:
+        per_dialect = _cache.get(dialect) or _cache.setdefault(dialect, {})
+        _recent = (ref(dialect), per_dialect)
     found = per_dialect.get((stmt, schema))
     if found is None:
         found = per_dialect[(stmt, schema)] = compile_statement(stmt, dialect, schema)
     return found
+
+
+_recent: tuple[ref[Dialect], dict[tuple[ClauseElement, str | None], Compiled]] | None = None
+"""The last dialect's entries, found without the ``WeakKeyDictionary``'s Python-level lookup
+(a service has one engine, so nearly every call finds them here). The dialect itself is only
+weakly held; the one dict of entries it keeps alive is bounded."""
 
 
 def execute(
@@ -103,11 +116,20 @@ def execute(
     params: Mapping[str, Any] | None = None,
     schema: str | None = None,
 ) -> CursorResult[Any]:
-    """Run *stmt* on *conn*: its compiled text and *params*, in whatever transaction is open."""
+    """Run *stmt* on *conn*: its compiled text and *params*, in whatever transaction is open.
+
+    As ``exec_driver_sql`` would, but answered by a plain ``Result`` over the fetched rows
+    (:func:`awa_sa.internals.lean_execute`), of which the statements' readers use only the
+    ``Result`` API.
+    """
     text = compiled(stmt, conn.dialect, schema)
-    return conn.exec_driver_sql(text.sql, text.params(params or {}))
+    return lean_execute(conn, text.sql, text.params(params or {}))
 
 
 def run(conn: Connection, query: Query[P, R], params: P, schema: str | None = None) -> R:
-    """Run *query* with *params* on *conn*, as the statement its parameters call for."""
-    return query.read(execute(conn, query.shape(params), query.binds(params), schema))
+    """Run *query* with *params* on *conn*, as the statement its parameters call for.
+
+    :func:`execute` inlined: this is on the path of every call.
+    """
+    text = compiled(query.shape(params), conn.dialect, schema)
+    return query.read(lean_execute(conn, text.sql, text.params(query.binds(params))))

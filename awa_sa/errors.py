@@ -155,13 +155,13 @@ class AmbiguousAttempt(AwaSAError, LookupError):
 
 
 class QueueStorageAttempt(ValidationError):
-    """The attempt is a queue-storage one, which awa-sa cannot settle yet; nothing was written.
+    """A bare ``(job_id, run_lease)`` names an open claim of the routing schema; nothing was
+    written.
 
-    Raised by ``awa_sa.settle`` for a ``RunningAttempt`` of a queue-storage plane, and by the
-    canonical calls for a bare ``(job_id, run_lease)`` that names an open claim of the routing
-    schema: during a storage transition the planes' ids and leases collide, so that pair may
-    mean a different job than the canonical row it also names (``canonical_too``). Never
-    answered as ``Stale``, which means the attempt was settled already.
+    Raised by the canonical calls: during a storage transition the planes' ids and leases
+    collide, so that pair may mean a different job than the canonical row it also names
+    (``canonical_too``). ``awa_sa.settle``, given the ``RunningAttempt``, settles either plane.
+    Never answered as ``Stale``, which means the attempt was settled already.
     """
 
     def __init__(self, job_id: int, run_lease: int, schema: str, *, canonical_too: bool) -> None:
@@ -172,12 +172,32 @@ class QueueStorageAttempt(ValidationError):
                 "(awa_sa.attempt_of) to awa_sa.settle to say which"
             )
         else:
-            also = "; awa-sa cannot settle queue-storage attempts yet"
+            also = "; pass its RunningAttempt (awa_sa.attempt_of) to awa_sa.settle"
         super().__init__(f"(job_id={job_id}, run_lease={run_lease}) names {where}{also}")
         self.job_id = job_id
         self.run_lease = run_lease
         self.schema = schema
         self.canonical_too = canonical_too
+
+
+class MaterialisedAttempt(ValidationError):
+    """The queue-storage attempt was materialised into a ``leases`` row (its handler registered
+    a callback); awa-sa refuses to settle it, and nothing was written.
+
+    Such an attempt is the callback protocol's: its ``attempt_state`` carries the callback's
+    filter, transforms and result, and the runtime ends it through ``complete_external`` and
+    its callback timeouts (docs/contract.md#materialised). Settle it with awa-pg's callback
+    calls, or let its handler return.
+    """
+
+    def __init__(self, job_id: int, run_lease: int, schema: str) -> None:
+        super().__init__(
+            f"(job_id={job_id}, run_lease={run_lease}) is a callback wait materialised into "
+            f"{schema}.leases; awa-sa does not settle those (nothing was written)"
+        )
+        self.job_id = job_id
+        self.run_lease = run_lease
+        self.schema = schema
 
 
 def translate_db_error(exc: sqlalchemy.exc.DBAPIError) -> AwaSAError:

@@ -29,18 +29,29 @@ import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import cast
 
 from sqlalchemy import Connection
 
 from awa_sa import migrate, moves
-from awa_sa.calls import AnyCall, Call, EndCall, first_of_each_pair, items, retry_of
+from awa_sa.calls import (
+    AnyCall,
+    Call,
+    EndCall,
+    ReceiptCall,
+    first_of_each_pair,
+    items,
+    retry_of,
+)
 from awa_sa.compiled import run
-from awa_sa.errors import QueueStorageAttempt, ValidationError, translated
+from awa_sa.errors import MaterialisedAttempt, QueueStorageAttempt, ValidationError, translated
 from awa_sa.internals import in_autocommit
-from awa_sa.kinds import Cancelled, Completed, Ending, Failed, Outcome, Stale
+from awa_sa.kinds import Cancelled, Completed, Ending, Failed, Outcome, Rescheduled, Stale
 from awa_sa.queue_storage import translate_map
 from awa_sa.statements.canonical import MOVE_IF_CANONICAL, ROUTED_MOVE, ROUTING_LOCK, GoOn
 from awa_sa.statements.endings import END_ATTEMPTS, Answer, EndItem
+from awa_sa.statements.receipt_settles import RECEIPT_LOCKS, SETTLE_RECEIPT
+from awa_sa.statements.receipt_settles import Settled as Closed
 from awa_sa.statements.receipts import OPEN_CLAIMS
 
 log = logging.getLogger("awa_sa")
@@ -70,22 +81,31 @@ def settle(conn: Connection, calls: Sequence[AnyCall]) -> list[Ending]:
             # write, and the savepoints would protect nothing.
             raise ValidationError("bind is in AUTOCOMMIT mode; the reschedule needs a transaction")
     outcomes: list[Ending] = []
-    for moving, ending in _runs(calls):
-        outcomes += _rescheduled(conn, moving) if moving else _ended(conn, ending)
+    for run_ in _runs(calls):
+        first = run_[0]
+        if isinstance(first, Call):
+            outcomes += _rescheduled(conn, cast(list[Call], run_))
+        elif isinstance(first, EndCall):
+            outcomes += _ended(conn, cast(list[EndCall], run_))
+        else:
+            outcomes += receipts(conn, cast(list[ReceiptCall], run_))
     return outcomes
 
 
-def _runs(calls: Sequence[AnyCall]) -> Iterator[tuple[list[Call], list[EndCall]]]:
-    """The calls in runs of one class: ``(re-schedules, [])`` or ``([], endings)``."""
-    moving: list[Call] = []
-    ending: list[EndCall] = []
+def _runs(calls: Sequence[AnyCall]) -> Iterator[list[AnyCall]]:
+    """The calls in runs of one class: re-schedules, endings, or one schema's receipts."""
+    run_: list[AnyCall] = []
     for call in calls:
-        if (isinstance(call, Call) and ending) or (isinstance(call, EndCall) and moving):
-            yield moving, ending
-            moving, ending = [], []
-        (moving if isinstance(call, Call) else ending).append(call)  # type: ignore[arg-type]
-    if moving or ending:
-        yield moving, ending
+        if run_ and _class(run_[-1]) != _class(call):
+            yield run_
+            run_ = []
+        run_.append(call)
+    if run_:
+        yield run_
+
+
+def _class(call: AnyCall) -> tuple[type, str | None]:
+    return type(call), call.schema if isinstance(call, ReceiptCall) else None
 
 
 def _rescheduled(conn: Connection, calls: Sequence[Call]) -> list[Outcome]:
@@ -160,12 +180,54 @@ def _checked_then_ended(
     return {(a.job_id, a.run_lease): a for a in again.answers}
 
 
+def receipts(conn: Connection, calls: Sequence[ReceiptCall]) -> list[Ending]:
+    """Queue-storage attempts of one schema, each settled as the runtime settles it: the
+    receipts' advisory locks, then one statement per attempt (docs/contract.md#receipts).
+
+    A batch runs under a savepoint, so that a refusal after an earlier item's writes loses
+    nothing on a caller's connection either.
+    """
+    schema = calls[0].schema
+    with _failing(calls, schema):
+        translate_map(schema)
+        if len(calls) == 1:
+            run(conn, RECEIPT_LOCKS, [calls[0].item], schema)
+            return [_receipt(conn, calls[0])]
+        with conn.begin_nested():
+            run(conn, RECEIPT_LOCKS, [call.item for call in calls], schema)
+            return [_receipt(conn, call) for call in calls]
+
+
+def _receipt(conn: Connection, call: ReceiptCall) -> Ending:
+    closed = run(conn, SETTLE_RECEIPT, call.item, call.schema)
+    if closed.materialised:
+        raise MaterialisedAttempt(call.job_id, call.item.run_lease, call.schema)
+    outcome = _closed(call, closed)
+    if log.isEnabledFor(logging.DEBUG):
+        _log(call, call.schema, type(outcome).__name__)
+    return outcome
+
+
+def _closed(call: ReceiptCall, closed: Closed) -> Ending:
+    if closed.job_id is None or closed.state is None:
+        return Stale()
+    if closed.state in ("retryable", "scheduled"):
+        assert closed.run_at is not None
+        assert closed.attempt is not None
+        return Rescheduled(closed.job_id, closed.run_at, closed.attempt)
+    return _state(closed.job_id, closed.state, terminal=call.item.tag == "fail_terminal")
+
+
 def _ending(call: EndCall, state: str) -> Ending:
+    return _state(call.job_id, state, terminal=call.item.tag == "fail_terminal")
+
+
+def _state(job_id: int, state: str, *, terminal: bool) -> Ending:
     if state == "completed":
-        return Completed(call.job_id)
+        return Completed(job_id)
     if state == "cancelled":
-        return Cancelled(call.job_id)
-    return Failed(call.job_id, terminal=call.item.tag == "fail_terminal")
+        return Cancelled(job_id)
+    return Failed(job_id, terminal=terminal)
 
 
 def alone(conn: Connection, calls: Sequence[Call]) -> list[Outcome] | GoOn:

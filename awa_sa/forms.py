@@ -20,13 +20,14 @@ from awa_sa import flow
 from awa_sa.calls import AnyCall, Call, EndCall
 from awa_sa.drivers import check_dialect
 from awa_sa.errors import CONNECTION_LOST, DatabaseError, ValidationError, translated
-from awa_sa.internals import connect_isolation_level, driver_autocommit
+from awa_sa.internals import autocommit_off, autocommit_on, connect_isolation_level
 from awa_sa.kinds import Ending
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
 _T = TypeVar("_T")
+_C = TypeVar("_C", bound=Sequence[AnyCall])
 
 
 def check_bind(bind: object) -> None:
@@ -67,21 +68,29 @@ def within(bind: Engine | Connection | Session, calls: Sequence[AnyCall]) -> lis
     form first sends the one statement alone in autocommit (one round trip, committed by
     itself); only when it moved nothing and says the call must go on does it open a
     transaction.
+
+    The Engine form's checkout, BEGIN, COMMIT and checkin are translated by one ``try``, and
+    :func:`~awa_sa.errors.translated` is entered only when something was raised: on the path
+    of every call a context manager costs a generator and four calls, and this one used to be
+    entered three times (docs/performance.md).
     """
-    if not isinstance(bind, Engine | Connection):
-        with translated():  # a Session's autobegin checks a connection out
-            bind = bind.connection()
     if not isinstance(bind, Engine):
+        if not isinstance(bind, Connection):
+            with translated():  # a Session's autobegin checks a connection out
+                bind = bind.connection()
         return in_transaction(bind, calls)
-    # Engine.begin() without its generator-based context manager; checkout, BEGIN and COMMIT
-    # translated too.
-    with translated(), bind.connect() as conn:
-        if _alone_in_autocommit(bind):
-            done = _alone(conn, calls)
-            if done is not None:
-                return done
-        with conn.begin():
-            return in_transaction(conn, calls)
+    try:
+        conn = bind.connect()
+        try:
+            done = _alone(conn, calls) if _alone_in_autocommit(bind) else None
+            if done is None:
+                with conn.begin():
+                    done = in_transaction(conn, calls)
+        finally:
+            conn.close()
+    except Exception as exc:
+        raise translated_error(exc)  # noqa: B904 -- translated() chained it already
+    return done
 
 
 def _alone(conn: Connection, calls: Sequence[AnyCall]) -> list[Ending] | None:
@@ -93,28 +102,35 @@ def _alone(conn: Connection, calls: Sequence[AnyCall]) -> list[Ending] | None:
     """
     moving = [call for call in calls if isinstance(call, Call)]
     if len(moving) < len(calls):
-        (ending,) = calls if len(calls) == 1 else (None,)
+        ending = calls[0] if len(calls) == 1 else None
         if not isinstance(ending, EndCall):
             return None
-        with driver_autocommit(conn) as switched:
-            if not switched:
-                return None
-            (answer,) = _guarded(conn, lambda: flow.endings(conn, [ending]))
+        dbapi = autocommit_on(conn)
+        if dbapi is None:
+            return None
+        try:
+            (answer,) = _guarded(conn, flow.endings, [ending])
+        finally:
+            autocommit_off(conn, dbapi)
         if not isinstance(answer, Call):
             return [answer]
         moving = [answer]
-    with driver_autocommit(conn) as switched:
-        first = _guarded(conn, lambda: flow.alone(conn, moving)) if switched else None
-    if isinstance(first, list):
-        return list(first)
+    dbapi = autocommit_on(conn)
+    if dbapi is not None:
+        try:
+            first = _guarded(conn, flow.alone, moving)
+        finally:
+            autocommit_off(conn, dbapi)
+        if isinstance(first, list):
+            return list(first)
     conn.rollback()  # ends SQLAlchemy's autobegun transaction; nothing to send
     with conn.begin():  # the one statement said to go on: the two-statement path
-        return list(_guarded(conn, lambda: flow.go_on(conn, moving)))
+        return list(_guarded(conn, flow.go_on, moving))
 
 
 def in_transaction(conn: Connection, calls: Sequence[AnyCall]) -> list[Ending]:
     """The flow inside whatever transaction *conn* has; the Connection and Session form."""
-    return _guarded(conn, lambda: flow.settle(conn, calls))
+    return _guarded(conn, flow.settle, calls)
 
 
 _SEVERAL_EXCHANGES = frozenset({"pg8000"})
@@ -138,15 +154,33 @@ def _alone_in_autocommit(engine: Engine) -> bool:
     return level is None or level.upper().replace("_", " ") == "READ COMMITTED"
 
 
-def _guarded(conn: Connection, flow_step: Callable[[], _T]) -> _T:
-    """*flow_step* translated, invalidating a connection found dead on the way."""
-    try:
-        with translated():  # the statements, savepoints, and a connection that died midway
-            return flow_step()
-    except DatabaseError as exc:
-        if exc.sqlstate == CONNECTION_LOST and not conn.invalidated:
+def _guarded(conn: Connection, flow_step: Callable[[Connection, _C], _T], calls: _C) -> _T:
+    """``flow_step(conn, calls)`` translated, invalidating a connection found dead on the way."""
+    try:  # the statements, savepoints, and a connection that died midway
+        return flow_step(conn, calls)
+    except Exception as exc:
+        error = translated_error(exc)
+        if (
+            isinstance(error, DatabaseError)
+            and error.sqlstate == CONNECTION_LOST
+            and not conn.invalidated
+        ):
             # Where SQLAlchemy did not notice, its next ROLLBACK (the caller's, or the Engine
             # form's own) would fail on the dead connection with a raw driver error.
             with suppress(Exception):
                 conn.invalidate()
-        raise
+        raise error  # noqa: B904 -- translated() chained it already
+
+
+def translated_error(exc: Exception) -> Exception:
+    """*exc* as :func:`~awa_sa.errors.translated` lets it out (itself when already ours).
+
+    Entered only once something was raised, so a call that succeeds never pays for the context
+    manager, and the translation stays the one in :mod:`awa_sa.errors`.
+    """
+    try:
+        with translated():
+            raise exc
+    except Exception as out:  # handed back, to be raised by the caller
+        return out
+    return exc  # not reached: translated() lets every exception out

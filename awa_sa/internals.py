@@ -8,12 +8,13 @@ beside it fails if the internal it relies on moves.
 from __future__ import annotations
 
 import traceback
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import Connection
-from sqlalchemy.engine import Dialect, Engine
+from sqlalchemy import Connection, CursorResult
+from sqlalchemy.engine import Dialect, Engine, IteratorResult, Result
+from sqlalchemy.engine.default import DefaultExecutionContext
+from sqlalchemy.engine.result import SimpleResultMetaData
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
@@ -28,10 +29,12 @@ from sqlalchemy.util import greenlet_spawn
 
 __all__ = [
     "SchemaTranslatedFunction",
+    "autocommit_off",
+    "autocommit_on",
     "connect_isolation_level",
-    "driver_autocommit",
     "greenlet_spawn",
     "in_autocommit",
+    "lean_execute",
     "while_connecting",
 ]
 
@@ -72,31 +75,32 @@ def in_autocommit(conn: Connection) -> bool:
     return bool(getattr(conn.connection.dbapi_connection, "autocommit", False))
 
 
-@contextmanager
-def driver_autocommit(conn: Connection) -> Iterator[bool]:
-    """The driver connection in autocommit for the block; yields False when it cannot be.
+def autocommit_on(conn: Connection) -> Any | None:
+    """*conn*'s driver connection switched to autocommit; None when it cannot be (no driver
+    connection, or in autocommit already). :func:`autocommit_off` switches it back.
 
     Switched on the driver connection for this one statement, not through SQLAlchemy's
     ``isolation_level`` execution option, which would stay set on the Connection until checkin
     and then be reset by the dialect: the caller's engine and pool are left as they are, and on
     the drivers that take this path (psycopg 3, psycopg2, asyncpg's adapter; pg8000 never does,
-    see ``awa_sa.forms``) both switches are a flag set in the client, no round trip. A
-    connection that cannot be switched back is invalidated, never returned to the pool in
-    autocommit.
+    see ``awa_sa.forms``) both switches are a flag set in the client, no round trip. Two plain
+    functions rather than a context manager: this is on the path of every Engine call.
     tests/integration/test_one_statement.py, tests/integration/test_forms.py.
     """
     dbapi = conn.connection.dbapi_connection
-    if dbapi is None or in_autocommit(conn):
-        yield False
-        return
+    if dbapi is None or getattr(dbapi, "autocommit", False):
+        return None
     dbapi.autocommit = True
+    return dbapi
+
+
+def autocommit_off(conn: Connection, dbapi: Any) -> None:
+    """Back out of :func:`autocommit_on`; a connection that cannot be switched back is
+    invalidated, never returned to the pool in autocommit."""
     try:
-        yield True
-    finally:
-        try:
-            dbapi.autocommit = False
-        except Exception:
-            conn.invalidate()
+        dbapi.autocommit = False
+    except Exception:  # whatever the driver raises, the connection goes
+        conn.invalidate()
 
 
 class SchemaTranslatedFunction(FunctionElement[None]):
@@ -120,3 +124,77 @@ def _compile_schema_translated(
     preparer = compiler.preparer
     schema = preparer.quote_schema(preparer.schema_for_object(element))
     return f"{schema}.{element.name}({compiler.process(element.clauses, **kw)})"
+
+
+# --- the lean execution of a statement's text (awa_sa.compiled.execute) ----------------------
+#
+# ``Connection.exec_driver_sql`` spends most of its client time after the statement has run:
+# it builds a ``CursorResult`` and, for driver SQL, a new ``CursorResultMetaData`` from the
+# cursor description on every call (per column: names, types, processors, the key map), which
+# for the 7-column answer of the one statement costs more than the statement's own send and
+# fetch on psycopg 3. Everything before it is kept: ``Connection._execute_context`` -- the same
+# call ``exec_driver_sql`` makes -- checks the transaction, autobegins it, fires
+# before_cursor_execute / after_cursor_execute with the statement text and parameters, echoes,
+# and routes any error through ``_handle_dbapi_exception`` (translation, handle_error, the
+# disconnect check, invalidation). Only the result differs: the execution context is the
+# dialect's own class with ``_setup_result_proxy`` (the step that builds the CursorResult)
+# replaced by one that fetches the rows and hands them to an ``IteratorResult`` over metadata
+# built once per column-name tuple. Values are what the driver returned, as with driver SQL
+# before (no result processing there either). tests/integration/test_compiled.py.
+
+
+def _lean_result(self: DefaultExecutionContext) -> Result[Any]:
+    """``_setup_result_proxy`` of a lean context: the rows fetched, the cursor closed.
+
+    The column names are read from the cursor description once per statement text (a text's
+    answer has the same columns every time), not on every call: psycopg 3 builds a ``Column``
+    object per column each time ``description`` is read.
+    """
+    cursor = self.cursor
+    metadata = _metadata.get(self.statement, _UNKNOWN)
+    if metadata is _UNKNOWN:
+        description = cursor.description
+        keys = None if description is None else [column[0] for column in description]
+        metadata = _metadata[self.statement] = None if keys is None else SimpleResultMetaData(keys)
+    rows = [] if metadata is None else cursor.fetchall()
+    cursor.close()
+    return IteratorResult(metadata or _NO_COLUMNS, iter(rows))
+
+
+_UNKNOWN = SimpleResultMetaData(["?"])
+_NO_COLUMNS = SimpleResultMetaData([])
+_metadata: dict[str, SimpleResultMetaData | None] = {}
+"""Per statement text (ours are a bounded set): its answer's columns, None for no rows."""
+
+_lean_contexts: dict[type[Any], type[DefaultExecutionContext]] = {}
+"""The lean subclass of each dialect's execution context class."""
+
+
+def _lean_context(dialect: Dialect) -> type[DefaultExecutionContext]:
+    base = dialect.execution_ctx_cls
+    lean = _lean_contexts.get(base)
+    if lean is None:
+        namespace = {"_setup_result_proxy": _lean_result, "__module__": __name__}
+        lean = _lean_contexts[base] = type(f"Lean{base.__name__}", (base,), namespace)
+    return lean
+
+
+def lean_execute(
+    conn: Connection, statement: str, parameters: Mapping[str, Any] | tuple[Any, ...]
+) -> CursorResult[Any]:
+    """``conn.exec_driver_sql(statement, parameters)``, answered by an ``IteratorResult``.
+
+    Typed as what ``_execute_context`` is declared to return, the ``CursorResult`` the
+    statements' readers are written against; they use only the ``Result`` API, which the
+    ``IteratorResult`` has whole (tests/integration/test_compiled.py reads it both ways).
+    """
+    dialect = conn.dialect
+    return conn._execute_context(
+        dialect,
+        _lean_context(dialect)._init_statement,
+        statement,
+        None,
+        conn._execution_options,
+        statement,
+        [parameters],
+    )

@@ -239,3 +239,14 @@ class Failed:
 
 Ending = Outcome | Completed | Cancelled | Failed
 """What a settle did: an ending, or what a re-schedule does."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """One item of ``settle_attempts``: a running attempt of either plane and its result."""
+
+    attempt: Any
+    """The ``RunningAttempt`` that ``running_attempts`` or ``attempt_of`` returned."""
+    result: Result
+    error: Any = None
+    progress: Any = None

@@ -170,7 +170,8 @@ class ensure_lane_sequences(SchemaTranslatedFunction):
 
 
 # The receipt plane: what a queue-storage runtime claims, and what closes a claim. awa-sa reads
-# these to list running attempts (awa_sa.running); it never writes them.
+# these to list running attempts (awa_sa.running) and writes the closures when it settles one
+# (awa_sa.statements.receipt_settles).
 
 ready_entries = Table(
     "ready_entries",
@@ -339,3 +340,24 @@ attempt_state = Table(
     PrimaryKeyConstraint("job_id", "run_lease"),
 )
 """Per-attempt mutable state of a receipt: its heartbeats land here (none at claim time)."""
+
+receipt_completion_batches = Table(
+    "receipt_completion_batches",
+    metadata,
+    Column("ready_slot", Integer, nullable=False),
+    Column("ready_generation", BigInteger, nullable=False),
+    Column("batch_id", BigInteger, nullable=False),
+    Column("claim_slot", Integer, nullable=False),
+    Column("queue", Text, nullable=False),
+    Column("priority", SmallInteger, nullable=False),
+    Column("enqueue_shard", SmallInteger, nullable=False),
+    Column("completed_count", Integer, nullable=False),
+    Column("job_ids", ARRAY(BigInteger), nullable=False),
+    Column("run_leases", ARRAY(BigInteger), nullable=False),
+    Column("lane_seqs", ARRAY(BigInteger), nullable=False),
+    Column("attempts", ARRAY(SmallInteger), nullable=False),
+    Column("attempted_ats", ARRAY(Timestamp), nullable=False),
+    Column("finalized_at", Timestamp, nullable=False),
+    PrimaryKeyConstraint("ready_slot", "batch_id"),
+)
+"""A bare job's completion: no ``done_entries`` row; ``terminal_jobs`` expands these."""

@@ -13,10 +13,17 @@ from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Connection, Engine
 
-from awa_sa.calls import AnyCall, prepare, prepare_all, prepare_batch, prepare_result
-from awa_sa.errors import QueueStorageAttempt, ValidationError
+from awa_sa.calls import (
+    AnyCall,
+    prepare,
+    prepare_all,
+    prepare_batch,
+    prepare_receipt,
+    prepare_result,
+)
+from awa_sa.errors import ValidationError
 from awa_sa.forms import check_bind, within
-from awa_sa.kinds import Attempt, Ending, Kind, Outcome, Result, Settle
+from awa_sa.kinds import Attempt, Ending, Kind, Outcome, Result, Settle, Settlement
 from awa_sa.running import RunningAttempt
 
 if TYPE_CHECKING:
@@ -132,12 +139,53 @@ def settle(
 
     A canonical attempt is settled as :func:`settle_canonical_attempt` does, with its kind,
     queue and attempt checked beside ``(job_id, run_lease)`` in the same statement: a row that
-    is no longer that attempt is ``Stale``. A queue-storage attempt is refused with
-    :class:`~awa_sa.errors.QueueStorageAttempt` before anything is sent (awa-sa cannot settle
-    those yet). ``bind``, ``error`` and ``progress`` are as for those calls.
+    is no longer that attempt is ``Stale``. A queue-storage attempt is settled in its schema
+    as Awa 0.6.9's runtime settles it (docs/contract.md#receipts): its receipt closed, its
+    ending in ``done_entries`` (or the compact completion of a bare job), a re-schedule in
+    ``deferred_jobs`` under the same id (``Rescheduled``); ``Stale`` when anything closed the
+    receipt first. ``progress`` None keeps what a queue-storage attempt last flushed, as the
+    runtime does. A callback wait materialised into ``leases`` is refused with
+    :class:`~awa_sa.errors.MaterialisedAttempt`. ``bind`` and ``error`` are as for those calls.
     """
     check_bind(bind)
     return within(bind, [settling(attempt, result, error, progress)])[0]
+
+
+def settle_attempts(
+    bind: Engine | Connection | Session, settlements: Iterable[Settlement]
+) -> list[Ending]:
+    """Settle many running attempts, of either plane, in one transaction: one outcome each.
+
+    Each :class:`~awa_sa.kinds.Settlement` is what :func:`settle` takes; the outcomes and rows
+    are those of settling each in turn inside one transaction (a repeated attempt is ``Stale``
+    the second time). Every item is validated before any statement (a refusal names its
+    index). Consecutive canonical items share their statements as in
+    :func:`settle_canonical_attempts`; consecutive queue-storage items of one schema take
+    their receipts' locks in one statement, then one statement each
+    (docs/contract.md#statement-counts). ``bind`` is as for :func:`settle`.
+    """
+    check_bind(bind)
+    calls = settlings(settlements)
+    return within(bind, calls) if calls else []
+
+
+def settlings(settlements: object) -> list[AnyCall]:
+    """The validated calls of a batch of settlements, or the first item's reason to refuse."""
+    if isinstance(settlements, str | bytes) or not isinstance(settlements, Iterable):
+        raise ValidationError(
+            f"settlements must be an iterable of Settlement, got {type(settlements).__name__}"
+        )
+    calls: list[AnyCall] = []
+    for index, item in enumerate(settlements):
+        if not isinstance(item, Settlement):
+            raise ValidationError(
+                f"settlements[{index}] must be a Settlement, got {type(item).__name__}"
+            )
+        try:
+            calls.append(settling(item.attempt, item.result, item.error, item.progress))
+        except ValidationError as exc:
+            raise ValidationError(f"settlements[{index}]: {exc}") from exc
+    return calls
 
 
 def settling(attempt: object, result: object, error: object, progress: object) -> AnyCall:
@@ -148,9 +196,7 @@ def settling(attempt: object, result: object, error: object, progress: object) -
             f"got {type(attempt).__name__}"
         )
     if attempt.on_queue_storage:
-        raise QueueStorageAttempt(
-            attempt.job_id, attempt.run_lease, attempt.storage, canonical_too=False
-        )
+        return prepare_receipt(attempt, result, error, progress)
     return prepare_result(attempt.job_id, attempt.run_lease, result, error, progress, named=attempt)
 
 

@@ -90,7 +90,7 @@ class RunningAttempt:
 
     @property
     def on_queue_storage(self) -> bool:
-        """Whether the attempt is a queue-storage receipt (awa-sa cannot settle those yet)."""
+        """Whether the attempt is a queue-storage receipt (settled in its schema)."""
         return self.storage != CANONICAL
 
 

@@ -142,6 +142,60 @@ CREATE TABLE {q}.done_entries (
     )
 
 
+_COMPLETION_BATCHES_COMMENT = (
+    "Append-only compact history for successful receipt-backed completions. Each row stores "
+    "one completion batch and expands through terminal_jobs; matching receipt claims are "
+    "closed through lease_claim_closure_batches in the claim ring."
+)
+
+
+def _completion_batches(s: str, q: str) -> str:
+    """Where a runtime (and awa-sa) records a bare job's completion instead of a done row."""
+    partitions = "".join(
+        f"CREATE TABLE {q}.receipt_completion_batches_{n} "
+        f"PARTITION OF {q}.receipt_completion_batches FOR VALUES IN ({n});\n"
+        f"CREATE INDEX idx_{s}_receipt_completion_batches_{n}_lane "
+        f"ON {q}.receipt_completion_batches_{n} "
+        "(ready_generation, queue, priority, enqueue_shard);\n"
+        for n in range(SLOT_COUNT)
+    )
+    return (
+        f"""
+CREATE SEQUENCE {q}.receipt_completion_batch_id_seq AS bigint START 1 CACHE 1;
+CREATE TABLE {q}.receipt_completion_batches (
+    ready_slot       integer       NOT NULL,
+    ready_generation bigint        NOT NULL,
+    batch_id         bigint        NOT NULL
+        DEFAULT nextval('{s}.receipt_completion_batch_id_seq'),
+    claim_slot       integer       NOT NULL,
+    queue            text          NOT NULL,
+    priority         smallint      NOT NULL,
+    enqueue_shard    smallint      NOT NULL DEFAULT 0,
+    completed_count  integer       NOT NULL,
+    job_ids          bigint[]      NOT NULL,
+    run_leases       bigint[]      NOT NULL,
+    lane_seqs        bigint[]      NOT NULL,
+    attempts         smallint[]    NOT NULL,
+    attempted_ats    timestamptz[] NOT NULL,
+    finalized_at     timestamptz   NOT NULL DEFAULT clock_timestamp(),
+    CONSTRAINT receipt_completion_batches_pkey PRIMARY KEY (ready_slot, batch_id),
+    CONSTRAINT receipt_completion_batches_completed_count_check CHECK (completed_count > 0),
+    CONSTRAINT receipt_completion_batches_check CHECK (completed_count = cardinality(job_ids)),
+    CONSTRAINT receipt_completion_batches_check1
+        CHECK (completed_count = cardinality(run_leases)),
+    CONSTRAINT receipt_completion_batches_check2
+        CHECK (completed_count = cardinality(lane_seqs)),
+    CONSTRAINT receipt_completion_batches_check3
+        CHECK (completed_count = cardinality(attempts)),
+    CONSTRAINT receipt_completion_batches_check4
+        CHECK (completed_count = cardinality(attempted_ats))
+) PARTITION BY LIST (ready_slot);
+COMMENT ON TABLE {q}.receipt_completion_batches IS '{_COMPLETION_BATCHES_COMMENT}';
+"""
+        + partitions
+    )
+
+
 def _terminal_count_deltas(q: str) -> str:
     partitions = "".join(
         f"CREATE TABLE {q}.queue_terminal_count_deltas_{n} "
@@ -456,6 +510,7 @@ def tables_sql(schema: str) -> tuple[str, ...]:
         _ready_entries(schema, q),
         _done_entries(schema, q),
         _terminal_count_deltas(q),
+        _completion_batches(schema, q),
         _lanes_and_ring(q),
         _receipts(schema, q),
     )

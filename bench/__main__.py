@@ -12,7 +12,7 @@ fixture flipped into ``mixed_transition`` towards ``awa_qs``. Parts, in order:
 3. the database's own time per reschedule (:mod:`bench.server_cost`);
 4. 1, 4 and 16 concurrent callers, and what they wait on (:mod:`bench.concurrency`);
 5. routing (canonical against queue storage) and batches against single calls;
-6. completion against the worker's own UPDATE (:mod:`bench.endings`);
+6. each ending (complete, cancel, fail) against the worker's own UPDATE (:mod:`bench.endings`);
 7. only when asked (``--only pooled``): 16 callers through PgBouncer beside 16 direct
    (:mod:`bench.pooled`).
 
@@ -54,41 +54,63 @@ PARTS = (
     "routing",
     "batch",
     "batch_queue_storage",
-    "complete",
+    "endings",
 )
 OPTIONAL_PARTS = ("pooled",)
 """Run only when named in --only: ``pooled`` needs pgbouncer and takes a minute."""
 
 
 def single_call(host: str, port: int, dbname: str, url: str, a: Any) -> dict[str, Any]:
+    """Part 1 as independent rounds: each its own warm-up and interleaved measurement."""
     loop = asyncio.new_event_loop()
     jobs = Jobs(url)
     jobs.seed(64)
     built = variants.build(host, port, dbname, loop, jobs)
     try:
-        samples = interleave(
-            built.items, Jobs(url), rounds=a.rounds, per_round=a.per_round, warmup=a.warmup
-        )
+        rounds = _rounds(built.items, url, a)
     finally:
         built.close()
         loop.close()
     return {
-        "variants": {v.name: samples[v.name].summary() for v in built.items},
+        "variants": _medians(rounds),
+        "rounds": rounds,
         "groups": {v.name: v.group for v in built.items},
         "skipped": built.skipped,
     }
 
 
+def _rounds(items: list[variants.Variant], url: str, a: Any) -> list[dict[str, Any]]:
+    """*a.single_rounds* independent measurements of *items*: fresh attempts and a warm-up
+    each, so that a ratio is read as its spread across rounds, not one round's value."""
+    out = []
+    for _ in range(a.single_rounds):
+        samples = interleave(
+            items, Jobs(url), rounds=a.rounds, per_round=a.per_round, warmup=a.warmup
+        )
+        out.append({v.name: samples[v.name].summary() for v in items})
+    return out
+
+
+def _medians(rounds: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each variant's figures, the median across rounds."""
+    return {
+        name: {key: statistics.median(r[name][key] for r in rounds) for key in row}
+        for name, row in rounds[0].items()
+    }
+
+
 def completion(url: str, a: Any) -> dict[str, Any]:
-    """Completion, awa-sa against the worker's own UPDATE (:mod:`bench.endings`)."""
+    """Each ending, awa-sa against the worker's own UPDATE (:mod:`bench.endings`), as rounds."""
     built = endings.build(url)
     try:
-        samples = interleave(
-            built.items, Jobs(url), rounds=a.rounds, per_round=a.per_round, warmup=a.warmup
-        )
+        rounds = _rounds(built.items, url, a)
     finally:
         built.close()
-    return {v.name: samples[v.name].summary() for v in built.items}
+    return {
+        "variants": _medians(rounds),
+        "rounds": rounds,
+        "groups": {v.name: v.group for v in built.items},
+    }
 
 
 def at_distance(port: int, dbname: str, url: str, a: Any) -> dict[str, Any]:
@@ -181,6 +203,12 @@ def batches(engine: sa.Engine, rounds: int) -> dict[int, dict[str, float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument(
+        "--single-rounds",
+        type=int,
+        default=3,
+        help="independent measurements of parts 1 and 6, each with its own warm-up",
+    )
     parser.add_argument("--rounds", type=int, default=20, help="interleaved rounds")
     parser.add_argument("--per-round", type=int, default=40, help="calls per variant and round")
     parser.add_argument("--warmup", type=int, default=150, help="untimed calls per variant")
@@ -237,7 +265,7 @@ def main() -> None:
         timed("routing", routing, canon, qs, a)
         timed("batch", batches, canon, a.batch_rounds)
         timed("batch_queue_storage", batches, qs, a.batch_rounds)
-        timed("complete", completion, url, a)
+        timed("endings", completion, url, a)
         canon.dispose()
         qs.dispose()
         timed("pooled", pooled.run, server, a.pooled_seconds)

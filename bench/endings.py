@@ -1,20 +1,29 @@
-"""Completion against its raw-driver floor: the worker's own UPDATE, sent by psycopg 3.
+"""Each ending of an attempt against its raw-driver floor: the worker's own UPDATE, by psycopg 3.
 
-The floor is the statement Awa 0.6.9's worker sends to complete a canonical attempt, prepared,
-alone in autocommit (one round trip), and inside a transaction the caller has open for the
-Connection form. awa-sa's ``settle_canonical_attempt(..., Complete())`` sends its one UPDATE
-the same way, so what is left between them is SQLAlchemy, awa-sa and the wider statement (the
-identity guard, the error entry's CASE, the answer rows).
+Per ending (complete, cancel, terminal failure), the floor is the UPDATE that ends a canonical
+attempt the way Awa 0.6.9's worker does (docs/contract.md#endings: the state, ``finalized_at``,
+the error entry, the progress, guarded by ``(id, 'running', run_lease)``), prepared, alone in
+autocommit (one round trip), and inside a transaction the caller has open for the Connection
+form. The completion is the worker's text; the cancel and the failure carry the same columns
+and the error entry the contract gives them. awa-sa's ``settle_canonical_attempt(...)`` sends
+its one UPDATE the same way, so what is left between them is SQLAlchemy, awa-sa and the wider
+statement (the identity guard, the error entry's CASE, the answer rows).
+
+:data:`ENDINGS` is the seam for more: the queue-storage settles, when they come, add a row with
+their own raw statement and awa-sa call, and get their floors and ratios here unchanged.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 import sqlalchemy as sa
 
-from awa_sa import Complete, settle_canonical_attempt
+from awa_sa import Cancel, Complete, Fail, settle_canonical_attempt
+from awa_sa.kinds import Result
 from bench.variants import Variant, Variants
 
 WORKER_COMPLETE = (
@@ -23,9 +32,50 @@ WORKER_COMPLETE = (
 )
 """The worker's completion of one canonical attempt (its batch falls back to this)."""
 
+_ENTRY = (
+    "errors = array_append(errors, jsonb_build_object("
+    "'error', %s::text, 'attempt', attempt, 'at', now()){extra}), progress = NULL "
+    "WHERE id = %s AND state = 'running' AND run_lease = %s"
+)
+WORKER_CANCEL = "UPDATE awa.jobs_hot SET state = 'cancelled', finalized_at = now(), " + (
+    _ENTRY.format(extra="")
+)
+"""A cancel as the worker writes it: ``cancelled: <reason>`` appended to the errors."""
+WORKER_FAIL = "UPDATE awa.jobs_hot SET state = 'failed', finalized_at = now(), " + _ENTRY.format(
+    extra=" || jsonb_build_object('terminal', true)"
+)
+"""A terminal failure as the worker writes it: the error entry marked terminal."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """One way an attempt ends: the worker's raw statement and what awa-sa is given for it."""
+
+    name: str
+    sql: str
+    values: Callable[[int, int], tuple[Any, ...]]
+    result: Result
+
+
+ENDINGS = (
+    Ending("complete", WORKER_COMPLETE, lambda job, lease: (job, lease), Complete()),
+    Ending(
+        "cancel",
+        WORKER_CANCEL,
+        lambda job, lease: ("cancelled: bench", job, lease),
+        Cancel("bench"),
+    ),
+    Ending(
+        "fail",
+        WORKER_FAIL,
+        lambda job, lease: ("bench", job, lease),
+        Fail("bench", terminal=True),
+    ),
+)
+
 
 def build(url: str) -> Variants:
-    """The completion variants of psycopg 3 against the database at *url*."""
+    """Every ending's variants, psycopg 3, against the database at *url*."""
     out = Variants()
     dsn = sa.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
     alone = psycopg.connect(dsn, autocommit=True)
@@ -34,12 +84,6 @@ def build(url: str) -> Variants:
     held = engine.connect()
     out.closers += [alone.close, inside.close, engine.dispose, held.close]
 
-    def floor(job_id: int, lease: int) -> Any:
-        return alone.execute(WORKER_COMPLETE, (job_id, lease), prepare=True).rowcount
-
-    def floor_in_transaction(job_id: int, lease: int) -> Any:
-        return inside.execute(WORKER_COMPLETE, (job_id, lease), prepare=True).rowcount
-
     def begin() -> None:
         inside.execute("SELECT 1", prepare=True).fetchall()
 
@@ -47,17 +91,36 @@ def build(url: str) -> Variants:
         held.begin()
         held.exec_driver_sql("SELECT 1").all()
 
+    for ending in ENDINGS:
+        out.items += _variants(ending, (alone, inside), (engine, held), (begin, held_begin))
+    return out
+
+
+def _variants(
+    ending: Ending,
+    raw: tuple[psycopg.Connection[Any], psycopg.Connection[Any]],
+    binds: tuple[sa.Engine, sa.Connection],
+    begins: tuple[Callable[[], None], Callable[[], None]],
+) -> list[Variant]:
+    """*ending*'s floors (*raw*: autocommit, in a transaction) and awa-sa forms (*binds*)."""
+    (alone, inside), (engine, held), (begin, held_begin) = raw, binds, begins
+
+    def floor(job_id: int, lease: int) -> Any:
+        return alone.execute(ending.sql, ending.values(job_id, lease), prepare=True).rowcount
+
+    def floor_in_transaction(job_id: int, lease: int) -> Any:
+        return inside.execute(ending.sql, ending.values(job_id, lease), prepare=True).rowcount
+
     def awa_engine(job_id: int, lease: int) -> Any:
-        return settle_canonical_attempt(engine, job_id, lease, Complete())
+        return settle_canonical_attempt(engine, job_id, lease, ending.result)
 
     def awa_connection(job_id: int, lease: int) -> Any:
-        return settle_canonical_attempt(held, job_id, lease, Complete())
+        return settle_canonical_attempt(held, job_id, lease, ending.result)
 
-    g = "psycopg complete"
-    out.items += [
+    g = f"psycopg {ending.name}"
+    return [
         Variant(g, "floor", floor),
         Variant(g, "in-transaction floor", floor_in_transaction, begin, inside.commit),
         Variant(g, "awa-sa Engine", awa_engine),
         Variant(g, "awa-sa Connection", awa_connection, held_begin, held.commit),
     ]
-    return out

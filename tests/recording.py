@@ -33,6 +33,8 @@ _PREFIXES = [
 ]
 _STEPS = [  # the first that occurs in the statement wins
     ("to_regprocedure(", "one statement"),
+    ("awa.receipt.complete:", "receipt locks"),
+    ("receipt_completion_batches", "settle receipt"),
     ("lease_claims", "open claims"),
     ("FOR SHARE", "lock"),
     ("active_queue_storage_schema", "routing+move"),

@@ -154,13 +154,13 @@ def _insert_done_entry() -> CTE:
 _TERMINAL_BUCKETS: ColumnElement[Any] = literal_column("256")
 
 
-def _counter_bucket(job_id: ColumnElement[Any]) -> ColumnElement[Any]:
+def counter_bucket(job_id: ColumnElement[Any]) -> ColumnElement[Any]:
     """``job_id`` modulo 256, Euclidean (ids are positive, but the bucket must never be)."""
     n = _TERMINAL_BUCKETS
     return cast(((job_id % n) + n) % n, SmallInteger)
 
 
-def _insert_terminal_delta(done: CTE) -> CTE:
+def insert_terminal_delta(done: CTE) -> CTE:
     """INSERT the ``+1`` terminal-count delta of the row *done* inserted."""
     deltas = qs.queue_terminal_count_deltas
     key = ["ready_slot", "ready_generation", "queue", "priority", "enqueue_shard"]
@@ -170,7 +170,7 @@ def _insert_terminal_delta(done: CTE) -> CTE:
             [*key, "counter_bucket", "terminal_delta"],
             select(
                 *(done.c[name] for name in key),
-                _counter_bucket(done.c.job_id).label("counter_bucket"),
+                counter_bucket(done.c.job_id).label("counter_bucket"),
                 cast(literal_column("1"), BigInteger).label("terminal_delta"),
             ),
         )
@@ -191,7 +191,7 @@ def insert_cancelled() -> Select[Any]:
     NULL. One row per call: a cancelled duplicate is the per-attempt fallback of a batch.
     """
     done = _insert_done_entry()
-    delta = _insert_terminal_delta(done)
+    delta = insert_terminal_delta(done)
     return select(done.c.job_id).select_from(done.join(delta, true()))
 
 

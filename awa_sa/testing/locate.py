@@ -3,8 +3,11 @@
 A re-scheduled attempt ends in one of three places: ``awa.scheduled_jobs`` under its own id
 (canonical routing), ``S.deferred_jobs`` under a fresh id (routing flipped to queue-storage
 schema ``S``), or ``S.done_entries`` as a cancelled duplicate. It stays in ``awa.jobs_hot`` when
-the reschedule was stale or rolled back. Canonical ids and ``S`` ids are separate number spaces,
-so a bare id is looked up in one of them: the canonical one unless a schema is named.
+the reschedule was stale or rolled back. A queue-storage job is found in ``S.deferred_jobs``,
+``S.done_entries``, a compact completion (``S.receipt_completion_batches``), or still running (a
+receipt in ``S.lease_claims`` or ``S.lease_claim_batches``). Canonical ids and ``S`` ids are
+separate number spaces, so a bare id is looked up in one of them: the canonical one unless a
+schema is named.
 """
 
 from __future__ import annotations
@@ -17,7 +20,14 @@ import sqlalchemy as sa
 
 from awa_sa.errors import ValidationError
 from awa_sa.kinds import CancelledDuplicate, Migrated, Rescheduled
-from awa_sa.queue_storage import deferred_jobs, done_entries, translate_map
+from awa_sa.queue_storage import (
+    deferred_jobs,
+    done_entries,
+    lease_claim_batches,
+    lease_claims,
+    receipt_completion_batches,
+    translate_map,
+)
 from awa_sa.tables import AWA_SCHEMA, jobs_hot, scheduled_jobs
 
 
@@ -67,11 +77,67 @@ def _queue_storage(table: sa.Table) -> sa.Select[Any]:
         c.run_lease,
         c.run_at,
         c.payload["errors"].label("errors"),
+        sa.literal(0).label("rank"),
     ).where(c.job_id == sa.bindparam("job_id"))
 
 
+def _compact_completion() -> sa.Select[Any]:
+    """A bare job's completion: one position of a ``receipt_completion_batches`` row."""
+    c = receipt_completion_batches.c
+    at = sa.func.array_position(c.job_ids, sa.bindparam("job_id", type_=sa.BigInteger))
+    return sa.select(
+        sa.literal(receipt_completion_batches.name).label("table"),
+        sa.literal("completed").label("state"),
+        c.attempts[at].label("attempt"),
+        c.run_leases[at].label("run_lease"),
+        sa.null().label("run_at"),
+        sa.null().label("errors"),
+        sa.literal(0).label("rank"),
+    ).where(at.is_not(None))
+
+
+def _running_receipt() -> sa.Select[Any]:
+    """A receipt still running: last, since a closed one leaves its row behind."""
+    c = lease_claims.c
+    return sa.select(
+        sa.literal(lease_claims.name).label("table"),
+        sa.literal("running").label("state"),
+        c.attempt,
+        c.run_lease,
+        sa.null().label("run_at"),
+        sa.null().label("errors"),
+        sa.literal(1).label("rank"),
+    ).where(c.job_id == sa.bindparam("job_id"), c.closed_at.is_(None))
+
+
+def _running_compact_receipt() -> sa.Select[Any]:
+    """The same for a compact receipt: one position of a ``lease_claim_batches`` row."""
+    c = lease_claim_batches.c
+    at = sa.func.array_position(c.job_ids, sa.bindparam("job_id", type_=sa.BigInteger))
+    return sa.select(
+        sa.literal(lease_claim_batches.name).label("table"),
+        sa.literal("running").label("state"),
+        c.attempts[at].label("attempt"),
+        c.run_leases[at].label("run_lease"),
+        sa.null().label("run_at"),
+        sa.null().label("errors"),
+        sa.literal(1).label("rank"),
+    ).where(at.is_not(None))
+
+
 _CANONICAL = sa.union_all(_canonical(jobs_hot), _canonical(scheduled_jobs))
-_QUEUE_STORAGE = sa.union_all(_queue_storage(deferred_jobs), _queue_storage(done_entries))
+_QS_ROWS = sa.union_all(
+    _queue_storage(deferred_jobs),
+    _queue_storage(done_entries),
+    _compact_completion(),
+    _running_receipt(),
+    _running_compact_receipt(),
+).subquery("rows")
+_QUEUE_STORAGE = (
+    sa.select(*(c for c in _QS_ROWS.c if c.name != "rank"))
+    .order_by(_QS_ROWS.c.rank, _QS_ROWS.c.run_lease.desc())
+    .limit(1)
+)
 _ROUTED_SCHEMA = sa.select(sa.func.awa.active_queue_storage_schema())
 
 
@@ -84,7 +150,8 @@ def locate(
     """The row of *job* now, or None when no table has it.
 
     *job* is an outcome or an id. ``Rescheduled`` and a bare id are canonical ids, unless
-    ``schema`` names a queue-storage schema to look in instead. ``Migrated`` and
+    ``schema`` names a queue-storage schema to look in instead (a queue-storage attempt's
+    ``Rescheduled`` is under its schema: ``schema=attempt.storage``). ``Migrated`` and
     ``CancelledDuplicate`` carry ids of queue-storage schema ``schema``, by default the one
     routing points at now. Reads in *conn*'s transaction, so it sees that transaction's writes.
 

@@ -5,8 +5,8 @@ On queue storage a job is enqueued into ``S.ready_entries`` (under the next id o
 with a deadline writes a receipt into ``S.lease_claims``: ``attempt`` and ``run_lease`` one
 above the ready row's, the ready row left as it was, the lane's claim sequence advanced past it.
 :func:`queue_storage_attempt` writes those two rows and moves those sequences, so a service's
-test can hand its handler a queue-storage job and check what it does with one (awa-sa lists and
-resolves it, but cannot settle it yet). The suite compares the rows with a real claim.
+test can hand its handler a queue-storage job and check what it does with one (awa-sa lists,
+resolves and settles it). The suite compares the rows with a real claim.
 
 Every statement is built once and reaches the schema through ``schema_translate_map``.
 """
@@ -19,7 +19,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import JSONB, REGCLASS
+from sqlalchemy.dialects.postgresql import JSONB, REGCLASS, array
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from awa_sa import queue_storage as qs
@@ -142,6 +142,49 @@ def _claim() -> sa.Insert:
 
 
 @cache
+def _compact_claim() -> sa.Insert:
+    """The compact receipt a claim on a queue without a deadline writes: a batch of one."""
+    batches = qs.lease_claim_batches
+    receipt = sa.func.nextval(_value("b_receipt_seq", REGCLASS))
+    picked = sa.select(receipt.label("receipt_id")).cte("receipt")
+    one: sa.ColumnElement[Any] = sa.literal_column("1")
+    rid = picked.c.receipt_id
+    source = sa.select(
+        sa.literal_column("0"),
+        _value("b_ready_slot", sa.Integer),
+        _value("b_ready_generation", sa.BigInteger),
+        _lane()["queue"],
+        _lane()["priority"],
+        sa.literal_column(str(_SHARD)),
+        one,
+        array([_value("b_job_id", sa.BigInteger)]),
+        array([_value("b_run_lease", sa.BigInteger)]),
+        array([rid]),
+        sa.func.int8multirange(sa.func.int8range(rid, rid + one)),
+        array([_value("b_lane_seq", sa.BigInteger)]),
+        array([_value("b_attempt", sa.SmallInteger)]),
+        array([_value("b_max_attempts", sa.SmallInteger)]),
+    ).select_from(picked)
+    columns = [
+        "claim_slot",
+        "ready_slot",
+        "ready_generation",
+        "queue",
+        "priority",
+        "enqueue_shard",
+        "claimed_count",
+        "job_ids",
+        "run_leases",
+        "receipt_ids",
+        "receipt_ranges",
+        "lane_seqs",
+        "attempts",
+        "max_attempts",
+    ]
+    return sa.insert(batches).from_select(columns, source).returning(batches.c.batch_id)
+
+
+@cache
 def _claimed_past() -> sa.Select[Any]:
     """Move the lane's claim sequence past the claimed row (never back), as the claim does."""
     seq = _value("b_claim_seq", REGCLASS)
@@ -178,7 +221,8 @@ def queue_storage_attempt(
     above 1 models a job claimed again after a retry: the ready row carries the previous
     attempt and lease. The returned :class:`~awa_sa.RunningAttempt` is read back with
     :func:`~awa_sa.running_attempts`, so its ``created_at`` is what a handler's ``Job`` would
-    carry.
+    carry. ``deadline_secs=0`` claims as a queue without a deadline does: a compact receipt,
+    one position of a ``lease_claim_batches`` row.
 
         >>> from awa_sa import attempt_of
         >>> from awa_sa.testing import job_of, queue_storage_attempt, set_phase
@@ -191,8 +235,8 @@ def queue_storage_attempt(
     """
     if attempt < 1:
         raise ValidationError(f"a running attempt has attempt >= 1, got {attempt}")
-    if deadline_secs <= 0:
-        raise ValidationError("a claim without a deadline writes a compact receipt: not seeded")
+    if deadline_secs < 0:
+        raise ValidationError(f"deadline_secs must not be negative, got {deadline_secs}")
     translate = {"schema_translate_map": qs.translate_map(schema)}
     routing = conn.execute(_routing()).scalar()
     if routing != schema:
@@ -224,21 +268,21 @@ def queue_storage_attempt(
         },
         execution_options=translate,
     ).one()
-    conn.execute(
-        _claim(),
-        {
-            **lane,
-            "b_job_id": ready.job_id,
-            "b_run_lease": attempt,
-            "b_ready_slot": ready.ready_slot,
-            "b_ready_generation": ready.ready_generation,
-            "b_attempt": attempt,
-            "b_max_attempts": max_attempts,
-            "b_lane_seq": ready.lane_seq,
-            "b_deadline_secs": deadline_secs,
-        },
-        execution_options=translate,
-    )
+    claim = {
+        **lane,
+        "b_job_id": ready.job_id,
+        "b_run_lease": attempt,
+        "b_ready_slot": ready.ready_slot,
+        "b_ready_generation": ready.ready_generation,
+        "b_attempt": attempt,
+        "b_max_attempts": max_attempts,
+        "b_lane_seq": ready.lane_seq,
+    }
+    if deadline_secs:
+        conn.execute(_claim(), {**claim, "b_deadline_secs": deadline_secs}, **_opts(translate))
+    else:
+        receipts = f"{schema}.lease_claim_receipt_id_seq"
+        conn.execute(_compact_claim(), {**claim, "b_receipt_seq": receipts}, **_opts(translate))
     conn.execute(
         _claimed_past(), {"b_claim_seq": f"{schema}.{seqs.claim}", "b_lane_seq": ready.lane_seq}
     )
@@ -248,6 +292,10 @@ def queue_storage_attempt(
         if a.storage == schema
     ]
     return mine
+
+
+def _opts(translate: Mapping[str, Any]) -> dict[str, Any]:
+    return {"execution_options": translate}
 
 
 def job_of(attempt: RunningAttempt) -> SimpleNamespace:

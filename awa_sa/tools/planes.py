@@ -43,14 +43,14 @@ WHAT_AWA_SA_CAN_DO = {
         "lists, resolves and settles them every way"
     ),
     "mixed": (
-        "attempts claimed before the flip still run in awa.jobs_hot and awa-sa settles "
-        "them; new claims are queue-storage receipts, which awa-sa lists and resolves "
-        "(running_attempts, attempt_of) but cannot settle yet"
+        "attempts claimed before the flip still run in awa.jobs_hot; new claims are "
+        "queue-storage receipts: awa-sa lists, resolves (running_attempts, attempt_of) and "
+        "settles both (awa_sa.settle), a bare (job_id, run_lease) only where it names one"
     ),
     "queue storage": (
-        "new claims are queue-storage receipts, which awa-sa lists and resolves "
-        "(running_attempts, attempt_of) but cannot settle yet; canonical attempts left from "
-        "before the flip still re-schedule"
+        "new claims are queue-storage receipts, which awa-sa lists, resolves "
+        "(running_attempts, attempt_of) and settles every way (awa_sa.settle); canonical "
+        "attempts left from before the flip still settle"
     ),
 }
 """What awa-sa 0.x can do with the running attempts of each plane."""

@@ -11,13 +11,13 @@ Beside real awa-pg 0.6.9 runtimes, through a real storage transition driven by t
   (async, through ``run_sync``) and gets its own plane's attempt; ``running_attempts`` lists
   both under the shared pair, each with its plane.
 * the same pair, settled (docs/contract.md#bare-pair): while both handlers hold, every
-  documented call for B, the bare pair (sync and async; Engine, Connection and Session; single
-  and batch) and ``settle`` with B's own ``RunningAttempt``, is refused with
-  ``QueueStorageAttempt`` and leaves every row of both planes as it was. ``settle`` with A's
-  attempt moves A alone into ``awa_qs.deferred_jobs``; then A's runtime completes A (it finds
-  nothing and writes nothing) while B still holds, and B's runtime completes B. The old README
-  recipe, ``running_attempts`` by the job's id and attempt, lists both attempts, and each
-  settles only on its own plane.
+  documented call that names B by the bare pair (sync and async; Engine, Connection and
+  Session; single and batch) is refused with ``QueueStorageAttempt`` and leaves every row of
+  both planes as it was. ``settle`` with A's attempt moves A alone into
+  ``awa_qs.deferred_jobs``; ``settle`` with B's (``attempt_of`` a copy of B's job) completes B
+  while B's runtime still holds it. Then A's runtime completes A and B's runtime completes B:
+  each finds nothing and writes nothing. The old README recipe, ``running_attempts`` by the
+  job's id and attempt, lists both attempts, and each settles only on its own plane.
 * a fresh ``awa migrate`` cluster whose first ``auto`` runtime auto-finalizes it to queue
   storage in schema ``awa``: ``attempt_of`` finds each handler's receipt, whether row-local (a
   queue with a deadline), compact (a queue without one) or materialised into ``leases`` by
@@ -53,6 +53,8 @@ from awa_sa import (
     CANONICAL,
     Attempt,
     AttemptNotFound,
+    Complete,
+    Completed,
     Migrated,
     QueueStorageAttempt,
     RunningAttempt,
@@ -335,6 +337,7 @@ def test_the_shared_pair_lists_both_attempts_each_with_its_plane(collided: Colli
 # ------------------------------------------- settling beside the runtimes, the pair colliding
 
 SNOOZE = Snooze(3600)
+COMPLETE = Complete()
 """Long enough that the target runtime never promotes A's successor during a scenario."""
 
 CLAIMERS = ("queue_claimer_state", "queue_claimer_leases")
@@ -418,17 +421,12 @@ async def async_result_of(call: Callable[[], Awaitable[object]]) -> object:
 
 
 def sync_calls_for_b(engine: sa.Engine, b: Holder) -> dict[str, object]:
-    """Every documented sync call that could reach B, each in a transaction of its own.
-
-    The bare pair is B's, and A's too; the ``RunningAttempt`` is B's, as ``attempt_of`` gave
-    it in B's handler, as it gives it for a copy of B's job, and as the old recipe lists it.
-    """
-    mine, job = b.mine, b.job
+    """Every documented sync call that names B by its bare pair (which is A's too), each in a
+    transaction of its own."""
+    mine = b.mine
     assert mine is not None
-    assert job is not None
     job_id, lease = mine.job_id, mine.run_lease
     batch = [Attempt(job_id, lease, SNOOZE)]
-    (listed,) = [x for x in b.recipe if x.on_queue_storage]
 
     def on_conn(fn: Callable[[sa.Connection], object]) -> object:
         with engine.begin() as conn:
@@ -450,11 +448,6 @@ def sync_calls_for_b(engine: sa.Engine, b: Holder) -> dict[str, object]:
         "batch, Connection": lambda: on_conn(
             lambda c: awa_sa.reschedule_canonical_attempts(c, batch)
         ),
-        "settle, Engine": lambda: awa_sa.settle(engine, mine, SNOOZE),
-        "settle, Connection": lambda: on_conn(lambda c: awa_sa.settle(c, mine, SNOOZE)),
-        "settle, Session": lambda: in_session(lambda s: awa_sa.settle(s, mine, SNOOZE)),
-        "settle, attempt_of a copy": lambda: awa_sa.settle(engine, attempt_of(engine, job), SNOOZE),
-        "settle, the recipe's B": lambda: awa_sa.settle(engine, listed, SNOOZE),
     }
     return {name: result_of(call) for name, call in calls.items()}
 
@@ -488,13 +481,6 @@ async def async_calls_for_b(engine: AsyncEngine, b: Holder) -> dict[str, object]
         "async batch, AsyncConnection": lambda: on_conn(
             lambda c: awa_async.reschedule_canonical_attempts(c, batch)
         ),
-        "async settle, AsyncEngine": lambda: awa_async.settle(engine, mine, SNOOZE),
-        "async settle, AsyncConnection": lambda: on_conn(
-            lambda c: awa_async.settle(c, mine, SNOOZE)
-        ),
-        "async settle, AsyncSession": lambda: in_session(
-            lambda s: awa_async.settle(s, mine, SNOOZE)
-        ),
     }
     return {name: await async_result_of(call) for name, call in calls.items()}
 
@@ -516,6 +502,9 @@ class Settled:
     running_after_move: list[RunningAttempt]
     stale_recipe: object
     after_stale: Snapshot
+    b_settled: object
+    after_b_settled: Snapshot
+    stale_b: object
     after_a_completed: Snapshot
     end: Snapshot
     running_at_end: list[RunningAttempt]
@@ -524,10 +513,11 @@ class Settled:
 
 
 def settle_beside(pg: EmbeddedPostgres, dbname: str, url: str, engine: sa.Engine) -> Settled:
-    """Refuse every call for B, settle A, then let A's runtime and B's finish, in that order.
+    """Refuse B's bare pair, settle A, settle B while its runtime holds it, then let A's
+    runtime and B's finish, in that order.
 
     A's runtime is stopped (which waits for its completion of A) while B is still held, so
-    whatever that completion wrote is read before B's runtime writes anything.
+    whatever that completion wrote is read before B's runtime tries to complete B.
     """
 
     async def run() -> Settled:
@@ -564,6 +554,15 @@ def settle_beside(pg: EmbeddedPostgres, dbname: str, url: str, engine: sa.Engine
                 result_of, lambda: awa_sa.settle(engine, recipe_a, SNOOZE)
             )
             after_stale = await asyncio.to_thread(planes, engine)
+            job_b = b.job
+            (listed_b,) = [x for x in b.recipe if x.on_queue_storage]
+            b_settled = await asyncio.to_thread(
+                result_of, lambda: awa_sa.settle(engine, attempt_of(engine, job_b), COMPLETE)
+            )
+            after_b_settled = await asyncio.to_thread(planes, engine)
+            stale_b = await asyncio.to_thread(
+                result_of, lambda: awa_sa.settle(engine, listed_b, SNOOZE)
+            )
             a.release.set()
             await held.stop(held.canonical)  # waits for its completion of A
             after_a = await asyncio.to_thread(planes, engine)
@@ -593,6 +592,9 @@ def settle_beside(pg: EmbeddedPostgres, dbname: str, url: str, engine: sa.Engine
                 running_after_move=running_after,
                 stale_recipe=stale,
                 after_stale=after_stale,
+                b_settled=b_settled,
+                after_b_settled=after_b_settled,
+                stale_b=stale_b,
                 after_a_completed=after_a,
                 end=end,
                 running_at_end=running_end,
@@ -618,10 +620,10 @@ def settled(pg: EmbeddedPostgres, real_template: str) -> Iterator[Settled]:
         janitor.drop()
 
 
-def test_every_call_for_the_queue_storage_attempt_is_refused_and_writes_nothing(
+def test_every_bare_call_for_the_queue_storage_attempt_is_refused_and_writes_nothing(
     settled: Settled,
 ) -> None:
-    """While both handlers hold, B's pair is A's too: no documented call for B may move A."""
+    """While both handlers hold, B's pair is A's too: no bare call for B may move A."""
     [hot] = settled.hot
     [receipt] = settled.receipts
     # The collision is real and no sequence was set: both planes' first job, first lease.
@@ -639,14 +641,11 @@ def test_every_call_for_the_queue_storage_attempt_is_refused_and_writes_nothing(
         receipt["receipt_id"],
     )
 
-    bare = {name for name in settled.refused if "bare" in name or "batch" in name}
-    assert len(bare) == 10
-    assert len(settled.refused) - len(bare) == 8  # the settles, sync and async
+    assert len(settled.refused) == 10  # bare and batch, sync and async, every form
     for name, result in settled.refused.items():
         assert isinstance(result, QueueStorageAttempt), (name, result)
         assert (result.job_id, result.run_lease, result.schema) == (1, 1, "awa_qs"), name
-        # A bare pair also names A; B's own RunningAttempt names B alone.
-        assert result.canonical_too is (name in bare), name
+        assert result.canonical_too, name  # the bare pair names A too
     assert changed(settled.start, settled.untouched) == set()
 
 
@@ -692,16 +691,23 @@ def test_settle_with_as_attempt_moves_a_alone(settled: Settled) -> None:
     assert still.args == {"who": "queue storage B"}
 
 
-def test_each_runtime_then_finishes_and_only_b_is_closed(settled: Settled) -> None:
-    """A's runtime completes A after awa-sa moved it, then B's runtime completes B."""
+def test_b_settled_beside_its_runtime_and_each_runtime_then_finishes(settled: Settled) -> None:
+    """awa-sa completes B while B's runtime holds it; A's runtime then completes A after
+    awa-sa moved it, and B's runtime completes B: both find nothing and write nothing."""
     a, b = settled.a, settled.b
+    assert b.mine is not None
+    assert settled.b_settled == Completed(1)
+    assert changed(settled.after_stale, settled.after_b_settled) <= CLOSING | {
+        "awa_qs.attempt_state"
+    }
+    assert isinstance(settled.stale_b, Stale)  # settled once: the recipe's B is Stale now
     # A's runtime was stopped after A's handler returned, while B's still held: its
     # completion of A found nothing to complete, and wrote nothing anywhere; it ran A once.
     assert (a.calls, a.returned) == (1, True)
-    assert changed(settled.after_stale, settled.after_a_completed) == set()
-    # Then B's runtime completed B: its receipt closed, completed, once; nothing else moved.
+    assert changed(settled.after_b_settled, settled.after_a_completed) == set()
+    # Then B's runtime completed B, which awa-sa had closed: nothing written, B run once.
     assert (b.calls, b.returned) == (1, True)
-    assert b.mine is not None
+    assert changed(settled.after_a_completed, settled.end) == set()
     assert settled.running_at_end == []
     closed = [(c["job_id"], c["run_lease"], c["outcome"]) for c in settled.closures] + [
         (1, 1, c["outcome"])
@@ -710,12 +716,9 @@ def test_each_runtime_then_finishes_and_only_b_is_closed(settled: Settled) -> No
     ]
     assert closed == [(1, 1, "completed")]
     assert len(settled.closure_batches) + len(settled.closures) == 1  # nothing closed for A
-    written = changed(settled.after_a_completed, settled.end)
-    assert written <= CLOSING, written
     # A stays where awa-sa put it: not retried, not completed, not back in jobs_hot.
     for table in ("awa.jobs_hot", "awa_qs.deferred_jobs", "awa_qs.ready_entries"):
         assert settled.end[table] == settled.after_move[table], table
-    assert settled.end["awa_qs.done_entries"] == settled.start["awa_qs.done_entries"] == []
 
 
 def test_the_old_recipe_lists_both_and_each_settles_on_its_own_plane(settled: Settled) -> None:
@@ -733,10 +736,8 @@ def test_the_old_recipe_lists_both_and_each_settles_on_its_own_plane(settled: Se
         assert _same_claim(listed[0], a)
         assert _same_claim(listed[1], b)
         assert [x.args["who"] for x in listed] == ["canonical A", "queue storage B"]
-    # The recipe's B is refused, with nothing written (the first test's snapshot) ...
-    assert isinstance(settled.refused["settle, the recipe's B"], QueueStorageAttempt)
-    # ... and the recipe's A, once A has moved, is Stale: its own plane has nothing left under
-    # the pair, and B's open claim under the same pair is not looked at, nor written.
+    # The recipe's A, once A has moved, is Stale: its own plane has nothing left under the
+    # pair, and B's open claim under the same pair is not looked at, nor written.
     assert isinstance(settled.stale_recipe, Stale)
     assert changed(settled.after_move, settled.after_stale) == set()
 

@@ -21,9 +21,9 @@ import pytest
 pytestmark = pytest.mark.slow  # the whole benchmark, about 20 s at its smallest
 
 ROOT = Path(__file__).resolve().parents[2]
-PARTS = ("single", "breakdown", "distance", "server", "callers", "routing", "complete")
+PARTS = ("single", "breakdown", "distance", "server", "callers", "routing", "endings")
 SMALLEST = (
-    *("--rounds", "2", "--per-round", "2", "--warmup", "2"),
+    *("--single-rounds", "2", "--rounds", "2", "--per-round", "2", "--warmup", "2"),
     *("--far-rounds", "1", "--far-per-round", "2", "--server-calls", "5"),
     *("--callers-seconds", "0.2", "--callers-rounds", "1"),
     *("--only", ",".join(PARTS)),
@@ -144,10 +144,19 @@ def test_callers_breakdown_and_routing_have_their_figures(written: dict[str, Any
     assert _not_positive(written["routing"]) == []
 
 
-def test_the_completion_part_has_its_floors_and_forms(written: dict[str, Any]) -> None:
-    complete = written["complete"]
-    assert list(complete) == [
-        f"psycopg complete {form}"
+def test_the_endings_part_has_each_endings_floors_and_forms(written: dict[str, Any]) -> None:
+    endings = written["endings"]
+    names = [
+        f"psycopg {ending} {form}"
+        for ending in ("complete", "cancel", "fail")
         for form in ("floor", "in-transaction floor", "awa-sa Engine", "awa-sa Connection")
     ]
-    assert _not_positive(complete, "wall_us", "cpu_us") == []
+    assert list(endings["variants"]) == names
+    assert _not_positive(endings["variants"], "wall_us", "cpu_us") == []
+    assert [list(r) for r in endings["rounds"]] == [names, names]
+
+
+def test_the_single_part_is_independent_rounds(written: dict[str, Any]) -> None:
+    single = written["single"]
+    assert len(single["rounds"]) == 2
+    assert [list(r) for r in single["rounds"]] == [list(single["variants"])] * 2

@@ -98,3 +98,35 @@ def test_rows_and_types_match_core_execution(engine: sa.Engine, batch: bool) -> 
         _same(*_both_ways(conn, statements.ring_cursor(), {}, "awa_qs"))
         core, text = _both_ways(conn, statements.clock(), {})
         assert [type(v) for row in core + text for v in row.values()] == [str, str]
+
+
+def test_lean_execution_is_exec_driver_sql_but_its_result(engine: sa.Engine) -> None:
+    """``internals.lean_execute``: the same events, text, parameters, rows and errors as
+    ``exec_driver_sql``; only the result object differs (a plain ``Result``)."""
+    from awa_sa.internals import lean_execute  # noqa: PLC0415 -- the internal under test
+
+    seen: list[tuple[str, str, Any]] = []
+
+    @sa.event.listens_for(engine, "before_cursor_execute")
+    def before(_c: Any, _cur: Any, statement: str, parameters: Any, *_: Any) -> None:
+        seen.append(("before", statement, parameters))
+
+    @sa.event.listens_for(engine, "after_cursor_execute")
+    def after(_c: Any, _cur: Any, statement: str, parameters: Any, *_: Any) -> None:
+        seen.append(("after", statement, parameters))
+
+    sql = "SELECT %(a)s::int AS a, 'x' AS b UNION ALL SELECT 2, 'y'"
+    with engine.connect() as conn:
+        lean = lean_execute(conn, sql, {"a": 1})
+        assert conn.in_transaction()  # autobegun, as exec_driver_sql does
+        rows = lean.all()
+        plain = conn.exec_driver_sql(sql, {"a": 1}).all()
+        assert rows == plain == [(1, "x"), (2, "y")]
+        assert [r._asdict() for r in rows] == [r._asdict() for r in plain]
+        assert lean_execute(conn, "SELECT 1 WHERE false", {}).all() == []
+        assert lean_execute(conn, "SET LOCAL lock_timeout = 0", {}).all() == []
+        with pytest.raises(sa.exc.DataError) as raised:
+            lean_execute(conn, "SELECT 1 / %(z)s::int", {"z": 0})
+        assert raised.value.statement == "SELECT 1 / %(z)s::int"
+    assert seen[:2] == [("before", sql, {"a": 1}), ("after", sql, {"a": 1})]
+    assert seen[2:4] == [("before", sql, {"a": 1}), ("after", sql, {"a": 1})]

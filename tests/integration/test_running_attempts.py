@@ -169,7 +169,7 @@ def test_a_handler_finds_its_lease_and_retries_with_an_audit_row(
         async with engine["engine"].begin() as conn:
             mine = await conn.run_sync(attempt_of, job)
             if mine.on_queue_storage:
-                return awa.RetryAfter(600)  # awa-sa cannot settle a queue-storage attempt yet
+                return awa.RetryAfter(600)  # the runtime re-schedules it itself here
             outcome = await awa_async.settle(
                 conn, mine, RetryAfter(3600), error={"error": "smtp down"}
             )

@@ -4,9 +4,9 @@ wrong one (docs/contract.md#bare-pair).
 During a storage transition a canonical attempt A (``awa.jobs_hot``) and a queue-storage
 attempt B (a receipt of ``awa_qs``) can share ``(job_id, run_lease)``: both id sequences and
 both leases start at 1, and here they collide with no ``setval``. ``settle`` with A's
-``RunningAttempt`` moves A alone; with B's it is refused. A canonical call given the bare pair
-is refused too, since the pair may mean B, and a pair only B holds is never answered
-``Stale``. Every refusal leaves every row as it was.
+``RunningAttempt`` moves A alone; with B's it settles B alone, in ``awa_qs``. A canonical call
+given the bare pair is refused, since the pair may mean B, and a pair only B holds is never
+answered ``Stale``. Every refusal leaves every row as it was.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from awa_sa import (
     Attempt,
     Migrated,
     QueueStorageAttempt,
+    Rescheduled,
     RunningAttempt,
     Snooze,
     running_attempts,
@@ -88,16 +89,33 @@ def test_settle_moves_the_canonical_attempt_alone(cluster: Cluster) -> None:
     assert tuple(moved) == ("scheduled", a.attempt - 1)
 
 
-def test_settle_refuses_a_queue_storage_attempt_before_any_statement(cluster: Cluster) -> None:
-    _, b, _ = _colliding(cluster)
-    before = snapshot_of(cluster.engine)
-    sent: list[str] = []
-    sa.event.listen(cluster.engine, "before_cursor_execute", lambda *args: sent.append(args[2]))
-    with pytest.raises(QueueStorageAttempt) as refused:
-        awa_sa.settle(cluster.engine, b, Snooze(60))
-    assert (refused.value.schema, refused.value.canonical_too) == (QS, False)
-    assert sent == []
-    assert snapshot_of(cluster.engine) == before
+def test_settle_settles_the_queue_storage_attempt_alone(cluster: Cluster) -> None:
+    a, b, c = _colliding(cluster)
+    canonical_before = _canonical_rows(cluster.engine)
+    outcome = awa_sa.settle(cluster.engine, b, Snooze(60))
+    assert isinstance(outcome, Rescheduled)
+    assert outcome.job_id == b.job_id
+    assert _canonical_rows(cluster.engine) == canonical_before
+    running = running_attempts(cluster.engine)
+    assert {(x.storage, x.job_id, x.receipt_id) for x in running} == {
+        (CANONICAL, a.job_id, None),
+        (QS, c.job_id, c.receipt_id),
+    }
+    with cluster.engine.connect() as conn:
+        moved = conn.execute(
+            sa.text(f"SELECT state::text, attempt FROM {QS}.deferred_jobs WHERE job_id = :j"),
+            {"j": b.job_id},
+        ).one()
+    assert tuple(moved) == ("scheduled", b.attempt - 1)
+
+
+def _canonical_rows(engine: sa.Engine) -> list[Any]:
+    with engine.connect() as conn:
+        return [
+            tuple(row)
+            for table in ("awa.jobs_hot", "awa.scheduled_jobs", "awa.job_unique_claims")
+            for row in conn.execute(sa.text(f"SELECT * FROM {table} ORDER BY 1"))
+        ]
 
 
 @contextmanager
@@ -126,12 +144,12 @@ def test_every_sync_form_and_driver(
         for attempt in (b, c):
             with _sync_form(form, engine) as bind, pytest.raises(QueueStorageAttempt):
                 awa_sa.reschedule_canonical_attempt(bind, attempt.job_id, 1, Snooze(5))
-            with _sync_form(form, engine) as bind, pytest.raises(QueueStorageAttempt):
-                awa_sa.settle(bind, attempt, Snooze(5))
         assert snapshot_of(observer) == before
         with _sync_form(form, engine) as bind:
+            assert isinstance(awa_sa.settle(bind, b, Snooze(5)), Rescheduled)
+        with _sync_form(form, engine) as bind:
             assert isinstance(awa_sa.settle(bind, a, Snooze(5)), Migrated)
-        assert [x.storage for x in running_attempts(observer)] == [QS, QS]
+        assert [x.receipt_id for x in running_attempts(observer)] == [c.receipt_id]
     finally:
         engine.dispose()
         observer.dispose()
@@ -165,13 +183,11 @@ def test_every_async_form_and_driver(
                 def bare(bind: Any, x: RunningAttempt = attempt) -> Any:
                     return awa_async.reschedule_canonical_attempt(bind, x.job_id, 1, Snooze(5))
 
-                def named(bind: Any, x: RunningAttempt = attempt) -> Any:
-                    return awa_async.settle(bind, x, Snooze(5))
-
-                for run in (bare, named):
-                    with pytest.raises(QueueStorageAttempt):
-                        await call(run)
+                with pytest.raises(QueueStorageAttempt):
+                    await call(bare)
             assert snapshot_of(observer) == before
+            settled = await call(lambda bind: awa_async.settle(bind, b, Snooze(5)))
+            assert isinstance(settled, Rescheduled)
             moved = await call(lambda bind: awa_async.settle(bind, a, Snooze(5)))
             assert isinstance(moved, Migrated)
         finally:
@@ -179,6 +195,6 @@ def test_every_async_form_and_driver(
 
     try:
         asyncio.run(walk())
-        assert [x.storage for x in running_attempts(observer)] == [QS, QS]
+        assert [x.receipt_id for x in running_attempts(observer)] == [c.receipt_id]
     finally:
         observer.dispose()

@@ -23,13 +23,19 @@ import awa_sa_schema
 from awa_sa import (
     Attempt,
     CancelledDuplicate,
+    Complete,
+    Completed,
     Migrated,
     Rescheduled,
+    Settlement,
     Snooze,
     Stale,
     reschedule_canonical_attempt,
     reschedule_canonical_attempts,
+    settle,
+    settle_attempts,
 )
+from awa_sa.testing import queue_storage_attempt
 
 
 @pytest.fixture
@@ -137,4 +143,27 @@ def test_statement_counts_are_the_contracts(engine: sa.Engine) -> None:
         awa_sa_schema.set_phase(conn, "mixed_transition", "awa_qs")
     measured["queue storage, no successor claims a key"] = both(plain)
     measured["queue storage, successors claim keys"] = both(keyed)
+
+    def settled(bind: Any) -> int:
+        with engine.begin() as conn:
+            attempt = queue_storage_attempt(conn, schema="awa_qs")
+        with recording(engine, step, events=()) as seen:
+            assert isinstance(settle(bind, attempt, Complete()), Completed)
+        return len(seen)
+
+    with engine.begin() as conn:
+        in_transaction = settled(conn)
+    measured["queue-storage attempt, settle"] = (in_transaction, settled(engine))
     assert measured == _counts_in_contract()
+
+
+def test_a_batch_of_queue_storage_attempts_locks_once_then_settles_each(
+    engine: sa.Engine, sent: list[str]
+) -> None:
+    with engine.begin() as conn:
+        awa_sa_schema.set_phase(conn, "active", "awa_qs")
+        attempts = [queue_storage_attempt(conn, schema="awa_qs") for _ in range(3)]
+    sent.clear()
+    outcomes = settle_attempts(engine, [Settlement(a, Complete()) for a in attempts])
+    assert outcomes == [Completed(a.job_id) for a in attempts]
+    assert sent == ["savepoint", "receipt locks", *["settle receipt"] * 3, "release"]

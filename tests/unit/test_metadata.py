@@ -23,9 +23,16 @@ WRITTEN = [
     ("INSERT", f"{QS}.queue_enqueue_heads"),
     ("INSERT", f"{QS}.queue_lanes"),
     ("INSERT", f"{QS}.queue_terminal_count_deltas"),
+    ("DELETE", "awa.job_unique_claims"),
+    ("DELETE", f"{QS}.attempt_state"),
+    ("INSERT", f"{QS}.lease_claim_closures"),
+    ("INSERT", f"{QS}.lease_claim_closure_batches"),
+    ("INSERT", f"{QS}.receipt_completion_batches"),
+    ("UPDATE", f"{QS}.lease_claims"),
 ]
 """Each verb and relation the statements write: the canonical move and its claims, the
-endings in place, and the queue-storage rows of a migrated or cancelled attempt."""
+endings in place, the queue-storage rows of a migrated or cancelled attempt, and the settle of
+a queue-storage attempt (its closure, its next row, its claim)."""
 
 
 def _writes() -> list[tuple[str, TableClause]]:

@@ -1,0 +1,222 @@
+"""Settling a queue-storage attempt on the fixture: every result, both receipt shapes.
+
+What each result writes is checked table by table (docs/contract.md#receipts); the rows
+themselves are compared with the real runtime's in test_queue_storage_worker.py. A second settle
+of the same attempt is ``Stale`` and writes nothing, and so is a settle that names the attempt
+with the wrong kind, queue or attempt.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from jobs import insert_job
+
+import awa_sa
+import awa_sa_schema
+from awa_sa import RunningAttempt
+from awa_sa.testing import locate, queue_storage_attempt
+
+QS = "awa_qs"
+
+RESULTS: dict[str, Any] = {
+    "complete": awa_sa.Complete(),
+    "cancel": awa_sa.Cancel("by test"),
+    "terminal": awa_sa.Fail("boom", terminal=True),
+    "retry": awa_sa.Fail("transient"),
+    "final": awa_sa.Fail("transient"),
+    "snooze": awa_sa.Snooze(60),
+    "retry_after": awa_sa.RetryAfter(60),
+    "backoff": awa_sa.RetryBackoff(),
+}
+ENDS = {
+    "complete": "completed",
+    "cancel": "cancelled",
+    "terminal": "failed",
+    "final": "failed",
+    "retry": "retryable",
+    "snooze": "scheduled",
+    "retry_after": "retryable",
+    "backoff": "retryable",
+}
+TABLES = (
+    "lease_claim_closures",
+    "lease_claim_closure_batches",
+    "receipt_completion_batches",
+    "done_entries",
+    "deferred_jobs",
+    "queue_terminal_count_deltas",
+)
+
+
+@pytest.fixture
+def active(engine: sa.Engine) -> sa.Engine:
+    with engine.begin() as conn:
+        awa_sa_schema.set_phase(conn, "active", QS)
+    return engine
+
+
+def counts(engine: sa.Engine) -> dict[str, int]:
+    with engine.connect() as conn:
+        return {
+            t: conn.execute(sa.text(f"SELECT count(*) FROM {QS}.{t}")).scalar_one() for t in TABLES
+        }
+
+
+@pytest.mark.parametrize("shape", ["row", "compact"])
+@pytest.mark.parametrize("bare", [True, False], ids=["bare", "tagged"])
+@pytest.mark.parametrize("name", sorted(RESULTS))
+def test_each_result_writes_its_rows_once(
+    active: sa.Engine, name: str, bare: bool, shape: str
+) -> None:
+    extra: dict[str, Any] = {} if bare else {"tags": ["t1"], "metadata": {"tenant": "acme"}}
+    with active.begin() as conn:
+        attempt = queue_storage_attempt(
+            conn,
+            schema=QS,
+            kind="mail",
+            queue="mail",
+            max_attempts=1 if name == "final" else 3,
+            deadline_secs=0 if shape == "compact" else 300,
+            **extra,
+        )
+    assert (attempt.claim_batch_id is not None) is (shape == "compact")
+    before = counts(active)
+    with active.connect() as conn:
+        running = locate(conn, attempt.job_id, schema=QS)
+    assert running is not None
+    claimed = "lease_claims" if shape == "row" else "lease_claim_batches"
+    assert (running.table, running.state) == (claimed, "running")
+    outcome = awa_sa.settle(active, attempt, RESULTS[name])
+    after = counts(active)
+    state = ENDS[name]
+    fast = name == "complete" and bare
+    terminal = state in ("completed", "cancelled", "failed")
+    written = {t: after[t] - before[t] for t in TABLES}
+    assert written == {
+        "lease_claim_closures": int(shape == "row" and not fast),
+        "lease_claim_closure_batches": int(shape == "compact" or fast),
+        "receipt_completion_batches": int(fast),
+        "done_entries": int(terminal and not fast),
+        "deferred_jobs": int(not terminal),
+        "queue_terminal_count_deltas": int(terminal and not fast),
+    }
+    if terminal:
+        assert (
+            outcome
+            == {
+                "completed": awa_sa.Completed(attempt.job_id),
+                "cancelled": awa_sa.Cancelled(attempt.job_id),
+                "failed": awa_sa.Failed(attempt.job_id, terminal=name == "terminal"),
+            }[state]
+        )
+    else:
+        assert isinstance(outcome, awa_sa.Rescheduled)
+        assert outcome.job_id == attempt.job_id
+        assert outcome.attempt == attempt.attempt - (name == "snooze")
+    with active.connect() as conn:
+        outcomes = conn.execute(
+            sa.text(
+                f"SELECT outcome FROM {QS}.lease_claim_closures UNION ALL"
+                f" SELECT outcome FROM {QS}.lease_claim_closure_batches"
+            )
+        ).scalars()
+        assert list(outcomes) == [state]
+    with active.connect() as conn:
+        where = locate(conn, attempt.job_id, schema=QS)
+    assert where is not None
+    table = (
+        "receipt_completion_batches" if fast else "done_entries" if terminal else "deferred_jobs"
+    )
+    assert (where.table, where.state, where.run_lease) == (table, state, 1)
+    assert awa_sa.running_attempts(active) == []
+    assert awa_sa.settle(active, attempt, RESULTS[name]) == awa_sa.Stale()
+    assert counts(active) == after
+
+
+@pytest.mark.parametrize("field", ["kind", "queue", "attempt"])
+def test_a_receipt_that_is_no_longer_that_attempt_is_stale(active: sa.Engine, field: str) -> None:
+    with active.begin() as conn:
+        attempt = queue_storage_attempt(conn, schema=QS, kind="mail", queue="mail")
+    other = {"kind": "other", "queue": "other", "attempt": attempt.attempt + 1}[field]
+    before = counts(active)
+    wrong = attempt.__class__(**{**_fields(attempt), field: other})
+    assert awa_sa.settle(active, wrong, awa_sa.Complete()) == awa_sa.Stale()
+    assert counts(active) == before
+    assert [a.receipt_id for a in awa_sa.running_attempts(active)] == [attempt.receipt_id]
+
+
+def _fields(attempt: RunningAttempt) -> dict[str, Any]:
+    return {name: getattr(attempt, name) for name in attempt.__slots__}
+
+
+def test_a_materialised_lease_is_refused_and_nothing_is_written(active: sa.Engine) -> None:
+    with active.begin() as conn:
+        attempt = queue_storage_attempt(conn, schema=QS, kind="mail", queue="mail")
+        conn.execute(
+            sa.text(
+                f"INSERT INTO {QS}.leases (lease_slot, lease_generation, ready_slot,"
+                " ready_generation, job_id, queue, state, priority, attempt, run_lease,"
+                " lane_seq) VALUES (0, 0, 0, 0, :job, 'mail', 'running', 2, 1, 1, 1)"
+            ),
+            {"job": attempt.job_id},
+        )
+        conn.execute(
+            sa.text(f"UPDATE {QS}.lease_claims SET materialized_at = now()"),
+        )
+    before = counts(active)
+    with pytest.raises(awa_sa.MaterialisedAttempt) as refused:
+        awa_sa.settle(active, attempt, awa_sa.Complete())
+    assert (refused.value.job_id, refused.value.schema) == (attempt.job_id, QS)
+    assert counts(active) == before
+
+
+def test_a_batch_of_both_planes_is_one_by_one(engine: sa.Engine) -> None:
+    """``settle_attempts``: canonical and queue-storage items, in input order, a repeat Stale."""
+    with engine.begin() as conn:
+        awa_sa_schema.set_phase(conn, "mixed_transition", QS)
+        canonical_id = insert_job(conn, kind="mail", queue="mail")
+        receipts = [queue_storage_attempt(conn, schema=QS, kind="mail", queue="mail") for _ in "ab"]
+    (canonical,) = [a for a in awa_sa.running_attempts(engine) if not a.on_queue_storage]
+    assert canonical.job_id == canonical_id
+    first, second = receipts
+    items = [
+        awa_sa.Settlement(first, awa_sa.Complete()),
+        awa_sa.Settlement(canonical, awa_sa.Cancel("gone")),
+        awa_sa.Settlement(second, awa_sa.Snooze(30)),
+        awa_sa.Settlement(first, awa_sa.Complete()),
+    ]
+    outcomes = awa_sa.settle_attempts(engine, items)
+    assert outcomes[:2] == [awa_sa.Completed(first.job_id), awa_sa.Cancelled(canonical_id)]
+    assert isinstance(outcomes[2], awa_sa.Rescheduled)
+    assert outcomes[3] == awa_sa.Stale()
+    assert awa_sa.running_attempts(engine) == []
+    assert awa_sa.settle_attempts(engine, []) == []
+
+
+def test_a_refused_item_leaves_the_callers_transaction_as_it_was(active: sa.Engine) -> None:
+    with active.begin() as conn:
+        ok = queue_storage_attempt(conn, schema=QS, kind="mail", queue="mail")
+        held = queue_storage_attempt(conn, schema=QS, kind="mail", queue="mail")
+        conn.execute(
+            sa.text(
+                f"INSERT INTO {QS}.leases (lease_slot, lease_generation, ready_slot,"
+                " ready_generation, job_id, queue, state, priority, attempt, run_lease,"
+                " lane_seq) VALUES (0, 0, 0, 0, :job, 'mail', 'running', 2, 1, 1, 2)"
+            ),
+            {"job": held.job_id},
+        )
+    before = counts(active)
+    with active.begin() as conn:
+        items = [
+            awa_sa.Settlement(ok, awa_sa.Complete()),
+            awa_sa.Settlement(held, awa_sa.Complete()),
+        ]
+        with pytest.raises(awa_sa.MaterialisedAttempt):
+            awa_sa.settle_attempts(conn, items)
+        assert conn.execute(sa.text("SELECT 1")).scalar_one() == 1  # still usable
+    assert counts(active) == before
+    with pytest.raises(awa_sa.ValidationError, match=r"settlements\[1\]"):
+        awa_sa.settle_attempts(active, [awa_sa.Settlement(ok, awa_sa.Complete()), "no"])  # type: ignore[list-item]

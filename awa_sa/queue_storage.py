@@ -361,3 +361,23 @@ receipt_completion_batches = Table(
     PrimaryKeyConstraint("ready_slot", "batch_id"),
 )
 """A bare job's completion: no ``done_entries`` row; ``terminal_jobs`` expands these."""
+
+ready_claim_attempt_batches = Table(
+    "ready_claim_attempt_batches",
+    metadata,
+    Column("ready_slot", Integer, nullable=False),
+    Column("ready_generation", BigInteger, nullable=False),
+    Column("batch_id", BigInteger, nullable=False),
+    Column("queue", Text, nullable=False),
+    Column("priority", SmallInteger, nullable=False),
+    Column("enqueue_shard", SmallInteger, nullable=False),
+    Column("claim_slot", Integer),
+    Column("first_lane_seq", BigInteger, nullable=False),
+    Column("next_lane_seq", BigInteger, nullable=False),
+    Column("claimed_count", Integer, nullable=False),
+    Column("lane_ranges", INT8MULTIRANGE, nullable=False),
+    Column("claimed_at", Timestamp, nullable=False),
+    PrimaryKeyConstraint("ready_slot", "batch_id"),
+)
+"""Every claim's lane range and its own clock, which the job row a claim returns carries as
+``attempted_at`` (a receipt's ``claimed_at`` is a later clock)."""

@@ -101,12 +101,14 @@ DROP SEQUENCE IF EXISTS {q}.lease_claim_closure_batch_id_seq, {q}.lease_claim_ba
     {q}.lease_claim_receipt_id_seq;
 DROP TABLE IF EXISTS {q}.queue_claim_heads, {q}.queue_enqueue_heads, {q}.queue_lanes,
     {q}.queue_ring_state, {q}.queue_terminal_count_deltas, {q}.receipt_completion_batches,
+    {q}.ready_claim_attempt_batches,
     {q}.done_entries,
     {q}.ready_entries, {q}.deferred_jobs;
 DROP FUNCTION IF EXISTS {q}.queue_claim_head_sequence_sync(),
     {q}.queue_enqueue_head_sequence_sync(), {q}.set_sequence_next(text, bigint),
     {q}.sequence_next_value(text),
     {q}.queue_lane_sequence_name(text, text, smallint, smallint);
-DROP SEQUENCE IF EXISTS {q}.job_id_seq, {q}.receipt_completion_batch_id_seq;
+DROP SEQUENCE IF EXISTS {q}.job_id_seq, {q}.receipt_completion_batch_id_seq,
+    {q}.ready_claim_attempt_batch_id_seq;
 """,
     )

@@ -196,6 +196,54 @@ COMMENT ON TABLE {q}.receipt_completion_batches IS '{_COMPLETION_BATCHES_COMMENT
     )
 
 
+_CLAIM_ATTEMPTS_COMMENT = (
+    "Append-only queue-slot-local ledger of emitted claim-attempt batches. Claim cursor "
+    "recovery checks this compact lane-range evidence instead of scanning claim-ring "
+    "partitions, and queue prune reclaims it with the matching ready segment."
+)
+
+
+def _claim_attempt_batches(s: str, q: str) -> str:
+    """What every claim writes beside its receipts: the lane range and the claim's own clock."""
+    partitions = "".join(
+        f"""
+CREATE TABLE {q}.ready_claim_attempt_batches_{n}
+    PARTITION OF {q}.ready_claim_attempt_batches FOR VALUES IN ({n});
+CREATE INDEX idx_{s}_ready_claim_attempt_batches_{n}_claim_slot
+    ON {q}.ready_claim_attempt_batches_{n} (claim_slot) WHERE claim_slot IS NOT NULL;
+CREATE INDEX idx_{s}_ready_claim_attempt_batches_{n}_lane
+    ON {q}.ready_claim_attempt_batches_{n}
+    (ready_generation, queue, priority, enqueue_shard, next_lane_seq, first_lane_seq);
+"""
+        for n in range(SLOT_COUNT)
+    )
+    return (
+        f"""
+CREATE SEQUENCE {q}.ready_claim_attempt_batch_id_seq AS bigint START 1 CACHE 1;
+CREATE TABLE {q}.ready_claim_attempt_batches (
+    ready_slot       integer        NOT NULL,
+    ready_generation bigint         NOT NULL,
+    batch_id         bigint         NOT NULL
+        DEFAULT nextval('{s}.ready_claim_attempt_batch_id_seq'),
+    queue            text           NOT NULL,
+    priority         smallint       NOT NULL,
+    enqueue_shard    smallint       NOT NULL DEFAULT 0,
+    claim_slot       integer,
+    first_lane_seq   bigint         NOT NULL,
+    next_lane_seq    bigint         NOT NULL,
+    claimed_count    integer        NOT NULL,
+    lane_ranges      int8multirange NOT NULL,
+    claimed_at       timestamptz    NOT NULL DEFAULT clock_timestamp(),
+    CONSTRAINT ready_claim_attempt_batches_pkey PRIMARY KEY (ready_slot, batch_id),
+    CONSTRAINT ready_claim_attempt_batches_check CHECK (first_lane_seq < next_lane_seq),
+    CONSTRAINT ready_claim_attempt_batches_claimed_count_check CHECK (claimed_count > 0)
+) PARTITION BY LIST (ready_slot);
+COMMENT ON TABLE {q}.ready_claim_attempt_batches IS '{_CLAIM_ATTEMPTS_COMMENT}';
+"""
+        + partitions
+    )
+
+
 def _terminal_count_deltas(q: str) -> str:
     partitions = "".join(
         f"CREATE TABLE {q}.queue_terminal_count_deltas_{n} "
@@ -511,6 +559,7 @@ def tables_sql(schema: str) -> tuple[str, ...]:
         _done_entries(schema, q),
         _terminal_count_deltas(q),
         _completion_batches(schema, q),
+        _claim_attempt_batches(schema, q),
         _lanes_and_ring(q),
         _receipts(schema, q),
     )

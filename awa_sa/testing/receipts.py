@@ -134,11 +134,32 @@ def _claim() -> sa.Insert:
             max_attempts=_value("b_max_attempts", sa.SmallInteger),
             lane_seq=_value("b_lane_seq", sa.BigInteger),
             enqueue_shard=sa.literal_column(str(_SHARD)),
-            deadline_at=sa.func.now()
+            deadline_at=_value("b_claimed_at", sa.DateTime(timezone=True))
             + sa.func.make_interval(0, 0, 0, 0, 0, 0, _value("b_deadline_secs", sa.Float)),
         )
         .returning(claims.c.receipt_id)
     )
+
+
+@cache
+def _claim_attempt() -> sa.Insert:
+    """The claim's own record of the lane range it took, and of its clock."""
+    attempts = qs.ready_claim_attempt_batches
+    lane_seq = _value("b_lane_seq", sa.BigInteger)
+    values: dict[str, sa.ColumnElement[Any]] = {
+        "ready_slot": _value("b_ready_slot", sa.Integer),
+        "ready_generation": _value("b_ready_generation", sa.BigInteger),
+        "queue": _lane()["queue"],
+        "priority": _lane()["priority"],
+        "enqueue_shard": sa.literal_column(str(_SHARD)),
+        "claim_slot": sa.literal_column("0"),
+        "first_lane_seq": lane_seq,
+        "next_lane_seq": lane_seq + 1,
+        "claimed_count": sa.literal_column("1"),
+        "lane_ranges": sa.func.int8multirange(sa.func.int8range(lane_seq, lane_seq + 1)),
+    }
+    rows = sa.select(*(value.label(name) for name, value in values.items()))
+    return sa.insert(attempts).from_select(list(values), rows).returning(attempts.c.claimed_at)
 
 
 @cache
@@ -164,6 +185,7 @@ def _compact_claim() -> sa.Insert:
         array([_value("b_lane_seq", sa.BigInteger)]),
         array([_value("b_attempt", sa.SmallInteger)]),
         array([_value("b_max_attempts", sa.SmallInteger)]),
+        _value("b_claimed_at", sa.DateTime(timezone=True)),
     ).select_from(picked)
     columns = [
         "claim_slot",
@@ -180,6 +202,7 @@ def _compact_claim() -> sa.Insert:
         "lane_seqs",
         "attempts",
         "max_attempts",
+        "claimed_at",
     ]
     return sa.insert(batches).from_select(columns, source).returning(batches.c.batch_id)
 
@@ -278,6 +301,7 @@ def queue_storage_attempt(
         "b_max_attempts": max_attempts,
         "b_lane_seq": ready.lane_seq,
     }
+    claim["b_claimed_at"] = conn.execute(_claim_attempt(), claim, **_opts(translate)).scalar_one()
     if deadline_secs:
         conn.execute(_claim(), {**claim, "b_deadline_secs": deadline_secs}, **_opts(translate))
     else:

@@ -294,6 +294,32 @@ def _batch_target(asked: CTE) -> Select[Any]:
     )
 
 
+def _claim_time(target: Any, lane_priority: ColumnElement[Any]) -> ColumnElement[Any]:
+    """The ``attempted_at`` a completion writes: the job row a claim returns carries the claim's
+    own clock (kept in ``ready_claim_attempt_batches``; the receipt's ``claimed_at`` is a later
+    one) for a receipt of a queue with a deadline, and NULL for a compact receipt."""
+    claims = qs.ready_claim_attempt_batches.alias("claim_attempts")
+    c = claims.c
+    lane_seq = func.int8range(target.lane_seq, target.lane_seq + literal_column("1"))
+    claimed = (
+        select(func.max(c.claimed_at))
+        .where(
+            c.ready_slot == target.ready_slot,
+            c.ready_generation == target.ready_generation,
+            c.queue == target.queue,
+            c.priority == lane_priority,
+            c.enqueue_shard == target.enqueue_shard,
+            c.claim_slot == target.claim_slot,
+            c.lane_ranges.op("@>", return_type=Boolean)(lane_seq),
+        )
+        .scalar_subquery()
+    )
+    return case(
+        (target.batch_id.is_(None), func.coalesce(claimed, target.attempted_at)),
+        else_=cast(null(), Timestamp),
+    )
+
+
 def _taken(asked: CTE) -> CTE:
     """The open receipt, its ready row, and what the settle makes of it, guarded by identity."""
     # FOR UPDATE is not allowed under UNION: each shape locks in a CTE of its own.
@@ -334,6 +360,10 @@ def _taken(asked: CTE) -> CTE:
             payload.label("ready_payload"),
             next_state.label("next_state"),
             (_is(asked, "complete") & bare).label("fast"),
+            case((_is(asked, "complete"), _claim_time(t, r.priority)), else_=t.attempted_at).label(
+                "ended_attempted_at"
+            ),
+            func.clock_timestamp().label("settled_at"),
             *(asked.c[name] for name in ("tag", "message", "error", "new_progress", "delay")),
         )
         .select_from(target)
@@ -504,7 +534,8 @@ def _closures(shaped: CTE) -> list[CTE]:
         "closed_count": _ONE,
         "receipt_ids": pg_array([receipt]),
         "receipt_ranges": ranges,
-        "closed_at": func.clock_timestamp(),
+        # A compact completion closes with its completion's clock, as the runtime's batch does.
+        "closed_at": case((s.fast, s.settled_at), else_=func.clock_timestamp()),
     }
     batch_closure = (
         _into(batches, batch, or_(s.batch_id.is_not(None), s.fast))
@@ -529,10 +560,10 @@ def _completion_batch(shaped: CTE) -> CTE:
         ("run_leases", "run_lease"),
         ("lane_seqs", "lane_seq"),
         ("attempts", "attempt"),
-        ("attempted_ats", "attempted_at"),
+        ("attempted_ats", "ended_attempted_at"),
     ):
         values[column] = pg_array([s[name]])
-    values["finalized_at"] = func.clock_timestamp()
+    values["finalized_at"] = s.settled_at
     return _into(batches, values, s.fast).returning(batches.c.ready_slot).cte("completion_batch")
 
 
@@ -547,7 +578,6 @@ _DONE_CARRIED = (
     "run_lease",
     "lane_seq",
     "enqueue_shard",
-    "attempted_at",
 )
 """What a ready-backed ``done_entries`` row carries from the receipt and its ready row."""
 
@@ -563,6 +593,7 @@ def _done(shaped: CTE) -> CTE:
     )
     values: dict[str, ColumnElement[Any]] = {name: s[name] for name in _DONE_CARRIED}
     values |= {
+        "attempted_at": s.ended_attempted_at,
         "state": cast(s.next_state, job_state),
         "finalized_at": func.clock_timestamp(),
         "payload": stored,
@@ -596,16 +627,18 @@ def _deferred(shaped: CTE) -> CTE:
     deferred = qs.deferred_jobs
     snoozed = s.next_state == _text("scheduled")
     seconds = func.make_interval(*([literal_column("0")] * 6), s.delay, type_=INTERVAL)
-    wait = case(
-        (_is(shaped, "snooze", "retry_after"), seconds),
-        else_=func.awa.backoff_duration(s.attempt, s.max_attempts, type_=INTERVAL),
+    # A delay counts from the settle's clock, which a retry's finalized_at is too; a backoff
+    # from a clock of its own, as the runtime reads it in a statement of its own.
+    backoff = func.clock_timestamp() + func.awa.backoff_duration(
+        s.attempt, s.max_attempts, type_=INTERVAL
     )
+    run_at = case((_is(shaped, "snooze", "retry_after"), s.settled_at + seconds), else_=backoff)
     values: dict[str, ColumnElement[Any]] = {name: s[name] for name in _DEFERRED_CARRIED}
     values |= {
         "state": cast(s.next_state, job_state),
         "attempt": case((snoozed, s.attempt - _ONE), else_=s.attempt),
-        "run_at": func.clock_timestamp() + wait,
-        "finalized_at": case((snoozed, cast(null(), Timestamp)), else_=func.clock_timestamp()),
+        "run_at": run_at,
+        "finalized_at": case((snoozed, cast(null(), Timestamp)), else_=s.settled_at),
         "payload": func.nullif(s.payload, EMPTY_OBJECT, type_=JSONB),
     }
     return (

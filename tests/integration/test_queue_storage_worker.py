@@ -1003,20 +1003,6 @@ def test_awa_sa_beside_the_runtime_leaves_each_attempt_settled(lab: Lab, schema:
         assert outcome == want, case.name
 
 
-KNOWN_ROWS = (
-    "awa-sa copies the claim time into attempted_at where the runtime does not: a completion of "
-    "a compact receipt (done_entries.attempted_at, receipt_completion_batches.attempted_ats) is "
-    "NULL in the runtime's rows, and a completion of a lease_claims receipt carries the claim "
-    "batch's claimed_at (deadline_at - 300 s), not lease_claims.claimed_at"
-)
-KNOWN_CLOCKS = (
-    "the runtime writes one clock to lease_claim_closure_batches.closed_at and "
-    "receipt_completion_batches.finalized_at (fast path), and RetryAfter's run_at is exactly "
-    "deferred_jobs.finalized_at + delay; awa-sa reads separate clocks for them"
-)
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN_ROWS)
 @pytest.mark.parametrize("schema", SCHEMAS)
 def test_awa_sa_settles_into_the_runtimes_rows(lab: Lab, schema: str) -> None:
     """Each settle step's rows, clocks named by step and by which claim clock they copy."""
@@ -1024,7 +1010,6 @@ def test_awa_sa_settles_into_the_runtimes_rows(lab: Lab, schema: str) -> None:
     assert_same(runtime, kit, ("runtime", "awa-sa"), "claims")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=f"{KNOWN_ROWS}; {KNOWN_CLOCKS}")
 @pytest.mark.parametrize("schema", SCHEMAS)
 def test_awa_sa_settles_with_the_runtimes_clocks(lab: Lab, schema: str) -> None:
     """The same, and within each settle step the same columns share one clock."""

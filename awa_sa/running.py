@@ -24,9 +24,9 @@ therefore name two running attempts at once, so every attempt listed here names 
   ``ready_entries`` row, which a claim leaves as it was; the heartbeat from ``attempt_state``,
   falling back to the claim time as Awa's rescue does.
 
-The statements are :mod:`awa_sa.statements.receipts`'s: built once, every filter a parameter
+The statements are :mod:`awa_sa.statements.listings`'s: built once, every filter a parameter
 (NULL: no filter), the queue-storage one reaching its schema only through
-``schema_translate_map``.
+``schema_translate_map``, and reading only the job's receipts when ``job_id`` is given.
 """
 
 from __future__ import annotations
@@ -122,7 +122,8 @@ def _read(conn: Connection, filters: Filters) -> list[RunningAttempt]:
     if listing.routing is None:
         return found
     options = {"schema_translate_map": translate_map(listing.routing)}
-    receipts = listed(conn.execute(queue_storage_attempts(), binds, execution_options=options))
+    statement = queue_storage_attempts(by_job=filters.job_id is not None)
+    receipts = listed(conn.execute(statement, binds, execution_options=options))
     found += [_attempt(row, listing.routing) for row in receipts]
     found.sort(key=lambda a: (a.attempted_at, a.job_id, a.on_queue_storage))
     return found if filters.limit is None else found[: filters.limit]

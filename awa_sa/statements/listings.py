@@ -1,10 +1,11 @@
 """The running attempts of both planes, listed: the statements ``awa_sa.running`` reads.
 
 A canonical attempt is a ``running`` row of ``awa.jobs_hot``; a queue-storage attempt is an open
-receipt of the routing schema (:func:`~awa_sa.statements.receipts.open_receipts`). Both
+receipt of the routing schema (:func:`~awa_sa.statements.receipts.open_receipts`). The
 statements take every filter as a parameter (NULL: no filter), so each is compiled once
 whatever a caller asks, and come with their typed parameters (:class:`Filters`) and rows
-(:class:`Listed`).
+(:class:`Listed`). The queue-storage one has two shapes: with ``job_id`` given (every
+``attempt_of``) it reads only that job's receipts, without it every receipt.
 """
 
 from __future__ import annotations
@@ -108,10 +109,18 @@ def canonical_attempts() -> Select[Any]:
 
 
 @cache
-def queue_storage_attempts() -> Select[Any]:
+def queue_storage_attempts(*, by_job: bool) -> Select[Any]:
     """The open receipts of one queue-storage schema, filtered (compile it with its translate
-    map)."""
-    return _listed(open_receipts())
+    map).
+
+    ``by_job``: the shape for a listing with ``f_job_id`` given (``attempt_of`` always gives
+    it). It reads only that job's receipts (:func:`open_receipts` with ``job_id``), and returns
+    nothing when ``f_job_id`` is NULL; otherwise every receipt is read, then filtered. The rows
+    of a listing with ``f_job_id`` are the same either way: only the work differs (on a
+    cluster with a few thousand settled compact receipts, every one unnested and checked
+    against the closure evidence, and a cost that had PostgreSQL JIT-compile the plan).
+    """
+    return _listed(open_receipts(job_id="f_job_id" if by_job else None))
 
 
 # --- the listings' parameters and rows -----------------------------------------------------

@@ -121,6 +121,22 @@ def listed(engine: sa.Engine, **filters: Any) -> list[tuple[str, int]]:
     return [(a.storage, a.job_id) for a in running_attempts(engine, **filters)]
 
 
+def without_clock(attempt: RunningAttempt) -> tuple[Any, ...]:
+    """Every field but ``running_for``, which moves with the query's ``now()``."""
+    return tuple(
+        getattr(attempt, f) for f in RunningAttempt.__dataclass_fields__ if f != "running_for"
+    )
+
+
+def read_by_job(engine: sa.Engine, jobs: tuple[int, ...]) -> list[tuple[Any, ...]]:
+    """The attempts the full listing returns, read job by job: the statement that reads only
+    the job's receipts must find exactly those."""
+    everything = [without_clock(a) for a in running_attempts(engine)]
+    by_job = [without_clock(a) for job_id in jobs for a in running_attempts(engine, job_id=job_id)]
+    assert by_job == everything
+    return by_job
+
+
 @pytest.mark.parametrize("shape", ["row", "compact"])
 @pytest.mark.parametrize("evidence", sorted(EVIDENCE))
 def test_each_kind_of_closure_evidence_ends_exactly_its_receipt(
@@ -135,11 +151,13 @@ def test_each_kind_of_closure_evidence_ends_exactly_its_receipt(
             _, ids = compact_receipts(conn, [(1, 1), (2, 2)])
             receipt = dict(zip((1, 2), ids, strict=True))
     assert listed(mixed) == [(QS, 1), (QS, 2)]
+    assert len(read_by_job(mixed, (1, 2))) == 2
     with mixed.begin() as conn:
         conn.execute(
             sa.text(EVIDENCE[evidence]), {"job_id": 1, "lane_seq": 1, "receipt": receipt[1]}
         )
     assert listed(mixed) == [(QS, 2)]
+    assert len(read_by_job(mixed, (1, 2))) == 1
 
 
 def test_a_closed_at_ends_a_row_receipt(mixed: sa.Engine) -> None:
@@ -168,6 +186,7 @@ def test_a_running_lease_is_listed_once_with_its_receipt(mixed: sa.Engine) -> No
     [attempt] = running_attempts(mixed)
     assert (attempt.storage, attempt.job_id, attempt.receipt_id) == (QS, 1, receipt)
     assert attempt.running_for >= dt.timedelta(minutes=1)
+    assert read_by_job(mixed, (1,)) == [without_clock(attempt)]
 
 
 def test_a_heartbeat_in_attempt_state_is_the_receipts_heartbeat(mixed: sa.Engine) -> None:
@@ -182,6 +201,7 @@ def test_a_heartbeat_in_attempt_state_is_the_receipts_heartbeat(mixed: sa.Engine
         ).scalar_one()
     [attempt] = running_attempts(mixed)
     assert attempt.heartbeat_at == beat != attempt.attempted_at
+    assert read_by_job(mixed, (1,)) == [without_clock(attempt)]
 
 
 @pytest.fixture

@@ -89,29 +89,30 @@ def _settled(
     ]
 
 
-_ROW, _COMPACT, _LEASE = (literal_column(str(n), SmallInteger) for n in range(3))
-"""Where a receipt is listed from (``source``): a ``lease_claims`` row, one position of a
-``lease_claim_batches`` row, a running ``leases`` row."""
-
-
-def _closed(r: Any) -> ColumnElement[bool]:
-    """Whether receipt *r* (a :func:`_receipts` row) is closed; a materialised lease counts: it
-    is listed from ``leases``.
+def _closed(
+    claim_slot: ColumnElement[Any],
+    job_id: ColumnElement[Any],
+    run_lease: ColumnElement[Any],
+    receipt_id: ColumnElement[Any],
+    *,
+    in_slot: bool,
+) -> ColumnElement[bool]:
+    """Whether a receipt is closed (a materialised lease counts: it is listed from ``leases``).
 
     A row receipt's closure batch is found by its ``receipt_id`` alone, a compact receipt's
     within its claim slot, as Awa's runtime looks them up.
     """
     closures = lease_claim_closures.alias("closure")
     ranges = lease_claim_closure_batches.alias("closed")
-    in_range = ranges.c.receipt_ranges.op("@>", return_type=Boolean)(r.receipt_id)
+    in_range = ranges.c.receipt_ranges.op("@>", return_type=Boolean)(receipt_id)
     return or_(
         exists().where(
-            closures.c.claim_slot == r.claim_slot,
-            closures.c.job_id == r.job_id,
-            closures.c.run_lease == r.run_lease,
+            closures.c.claim_slot == claim_slot,
+            closures.c.job_id == job_id,
+            closures.c.run_lease == run_lease,
         ),
-        exists().where(in_range, or_(r.source == _ROW, ranges.c.claim_slot == r.claim_slot)),
-        *_settled(r.job_id, r.run_lease),
+        exists().where(in_range, *([ranges.c.claim_slot == claim_slot] if in_slot else [])),
+        *_settled(job_id, run_lease),
     )
 
 
@@ -132,34 +133,62 @@ def _ready_of(place: Any, lane_seq: Any, job_id: Any) -> ColumnElement[bool]:
     )
 
 
-def _receipts(job_id: ColumnElement[Any] | None) -> Subquery:
-    """Every receipt that may be open, one row each, with its ``source`` and its ready row's
-    place: the ``lease_claims`` rows without ``closed_at``, every position of every compact
-    batch, the ``running`` leases (with their receipt, if a ``lease_claims`` row). *job_id*
-    (a bound value) keeps only that job's: a compact batch by ``job_ids @> ARRAY[job_id]``
-    before it is unnested, then by the position's id; a claim and a lease by their
-    ``job_id``.
+def _heartbeat(
+    job_id: ColumnElement[Any], run_lease: ColumnElement[Any], fallback: ColumnElement[Any]
+) -> ColumnElement[Any]:
+    beat = (
+        select(attempt_state.c.heartbeat_at)
+        .where(attempt_state.c.job_id == job_id, attempt_state.c.run_lease == run_lease)
+        .scalar_subquery()
+    )
+    return func.coalesce(beat, fallback).label("heartbeat_at")
+
+
+@cache
+def open_receipts(*, job_id: str | None = None) -> Subquery:
+    """Every open receipt of one queue-storage schema, one row each, in :data:`COLUMNS`.
+
+    *job_id* names a ``BIGINT`` bind: then each leg reads only that job's receipts, before
+    anything is joined (a compact batch by ``job_ids @> ARRAY[job_id]`` before it is
+    unnested), so an identity lookup stays a small plan on a cluster with thousands of
+    settled receipts; without it, the estimate of unnesting every batch had PostgreSQL
+    JIT-compile the plan, half a second a call. One leg per source keeps each leg's evidence
+    exactly the runtime's, and its cost low enough that PostgreSQL does not JIT it on a fresh
+    cluster (a single union of the sources, checked once, did: 2.4 s on empty tables).
     """
+    job = None if job_id is None else cast(bindparam(job_id, type_=BigInteger), BigInteger)
+    ready = ready_entries
     c = lease_claims.alias("claim")
-    row_receipts = select(
-        c.c.job_id,
-        c.c.run_lease,
-        c.c.queue,
-        c.c.attempt,
-        c.c.max_attempts,
-        c.c.claimed_at.label("attempted_at"),
-        c.c.claimed_at.label("beat_fallback"),
-        c.c.deadline_at,
-        c.c.claim_slot,
-        c.c.receipt_id,
-        no_value("claim_batch_id", BigInteger),
-        no_value("claim_batch_index", Integer),
-        c.c.ready_slot,
-        c.c.ready_generation,
-        c.c.enqueue_shard,
-        c.c.lane_seq,
-        _ROW.label("source"),
-    ).where(c.c.closed_at.is_(None), *([] if job_id is None else [c.c.job_id == job_id]))
+    row_receipts = (
+        select(
+            c.c.job_id,
+            c.c.run_lease,
+            ready.c.kind,
+            c.c.queue,
+            ready.c.args,
+            ready.c.created_at,
+            c.c.attempt,
+            c.c.max_attempts,
+            c.c.claimed_at.label("attempted_at"),
+            _heartbeat(c.c.job_id, c.c.run_lease, c.c.claimed_at),
+            c.c.deadline_at,
+            c.c.claim_slot,
+            c.c.receipt_id,
+            no_value("claim_batch_id", BigInteger),
+            no_value("claim_batch_index", Integer),
+        )
+        .select_from(
+            c.join(
+                ready,
+                _ready_of(c.c, c.c.lane_seq, c.c.job_id),
+            )
+        )
+        .where(
+            c.c.closed_at.is_(None),
+            *([] if job is None else [c.c.job_id == job]),
+            ~_closed(c.c.claim_slot, c.c.job_id, c.c.run_lease, c.c.receipt_id, in_slot=False),
+        )
+    )
 
     b = lease_claim_batches.alias("batch")
     items = (
@@ -183,29 +212,39 @@ def _receipts(job_id: ColumnElement[Any] | None) -> Subquery:
         .render_derived(name="items")
     )
     i = items.c
-    compact_receipts = select(
-        i.job_id,
-        i.run_lease,
-        b.c.queue,
-        i.attempt,
-        i.max_attempts,
-        b.c.claimed_at.label("attempted_at"),
-        b.c.claimed_at.label("beat_fallback"),
-        b.c.deadline_at,
-        b.c.claim_slot,
-        i.receipt_id,
-        b.c.batch_id.label("claim_batch_id"),
-        cast(i.position, Integer).label("claim_batch_index"),
-        b.c.ready_slot,
-        b.c.ready_generation,
-        b.c.enqueue_shard,
-        i.lane_seq,
-        _COMPACT.label("source"),
-    ).select_from(b.join(items, true()))
-    if job_id is not None:
-        compact_receipts = compact_receipts.where(
-            b.c.job_ids.contains(array([job_id])), i.job_id == job_id
+    compact_receipts = (
+        select(
+            i.job_id,
+            i.run_lease,
+            ready.c.kind,
+            b.c.queue,
+            ready.c.args,
+            ready.c.created_at,
+            i.attempt,
+            i.max_attempts,
+            b.c.claimed_at.label("attempted_at"),
+            _heartbeat(i.job_id, i.run_lease, b.c.claimed_at),
+            b.c.deadline_at,
+            b.c.claim_slot,
+            i.receipt_id,
+            b.c.batch_id.label("claim_batch_id"),
+            cast(i.position, Integer).label("claim_batch_index"),
         )
+        .select_from(
+            b.join(items, true()).join(
+                ready,
+                _ready_of(b.c, i.lane_seq, i.job_id),
+            )
+        )
+        .where(
+            *(
+                []
+                if job is None
+                else [b.c.job_ids.op("@>", return_type=Boolean)(array([job])), i.job_id == job]
+            ),
+            ~_closed(b.c.claim_slot, i.job_id, i.run_lease, i.receipt_id, in_slot=True),
+        )
+    )
 
     lease = leases
     receipt = lease_claims.alias("receipt")
@@ -213,24 +252,25 @@ def _receipts(job_id: ColumnElement[Any] | None) -> Subquery:
         select(
             lease.c.job_id,
             lease.c.run_lease,
+            ready.c.kind,
             lease.c.queue,
+            ready.c.args,
+            ready.c.created_at,
             lease.c.attempt,
             lease.c.max_attempts,
             lease.c.attempted_at,
-            lease.c.heartbeat_at.label("beat_fallback"),
+            _heartbeat(lease.c.job_id, lease.c.run_lease, lease.c.heartbeat_at),
             lease.c.deadline_at,
             receipt.c.claim_slot,
             receipt.c.receipt_id,
             no_value("claim_batch_id", BigInteger),
             no_value("claim_batch_index", Integer),
-            lease.c.ready_slot,
-            lease.c.ready_generation,
-            lease.c.enqueue_shard,
-            lease.c.lane_seq,
-            _LEASE.label("source"),
         )
         .select_from(
-            lease.outerjoin(
+            lease.join(
+                ready,
+                _ready_of(lease.c, lease.c.lane_seq, lease.c.job_id),
+            ).outerjoin(
                 receipt,
                 and_(
                     receipt.c.job_id == lease.c.job_id,
@@ -240,56 +280,10 @@ def _receipts(job_id: ColumnElement[Any] | None) -> Subquery:
         )
         .where(
             lease.c.state == literal_column("'running'"),
-            *([] if job_id is None else [lease.c.job_id == job_id]),
+            *([] if job is None else [lease.c.job_id == job]),
         )
     )
-    return union_all(row_receipts, compact_receipts, materialised).subquery("receipts")
-
-
-@cache
-def open_receipts(*, job_id: str | None = None) -> Subquery:
-    """Every open receipt of one queue-storage schema, one row each, in :data:`COLUMNS`.
-
-    *job_id* names a ``BIGINT`` bind: then only that job's receipts are read (the identity
-    lookup), each source restricted to it before anything is joined, so the plan stays small.
-
-    The three sources are one union, joined once to ``ready_entries`` and checked once against
-    the closure evidence (a running lease is not: it is listed while it runs): each
-    partitioned table appears once in the statement, which is what PostgreSQL's planning time
-    grows with (a leg per source, each with its own join and evidence, planned every partition
-    of those tables three times over).
-    """
-    job = None if job_id is None else cast(bindparam(job_id, type_=BigInteger), BigInteger)
-    receipts = _receipts(job)
-    r = receipts.c
-    ready = ready_entries
-    beat = (
-        select(attempt_state.c.heartbeat_at)
-        .where(attempt_state.c.job_id == r.job_id, attempt_state.c.run_lease == r.run_lease)
-        .scalar_subquery()
-    )
-    return (
-        select(
-            r.job_id,
-            r.run_lease,
-            ready.c.kind,
-            r.queue,
-            ready.c.args,
-            ready.c.created_at,
-            r.attempt,
-            r.max_attempts,
-            r.attempted_at,
-            func.coalesce(beat, r.beat_fallback).label("heartbeat_at"),
-            r.deadline_at,
-            r.claim_slot,
-            r.receipt_id,
-            r.claim_batch_id,
-            r.claim_batch_index,
-        )
-        .select_from(receipts.join(ready, _ready_of(r, r.lane_seq, r.job_id)))
-        .where(or_(r.source == _LEASE, ~_closed(r)))
-        .subquery("attempts")
-    )
+    return union_all(row_receipts, compact_receipts, materialised).subquery("attempts")
 
 
 @statement

@@ -962,10 +962,12 @@ def test_the_runtime_writes_each_ending_as_observed(lab: Lab, schema: str) -> No
         assert run.final[table] == (), table
 
 
-@pytest.mark.parametrize("schema", SCHEMAS)
+@pytest.mark.parametrize("schema", ["awa_qs"])
 def test_the_runtime_writes_the_same_rows_twice(lab: Lab, schema: str) -> None:
     """Two runs of the runtime on two fresh clusters compare equal at every level: the capture
-    and the normalisation leave nothing to timing, so a difference against awa-sa is awa-sa's."""
+    and the normalisation leave nothing to timing, so a difference against awa-sa is awa-sa's.
+    On the sampled cluster only (every value of every dimension, 9 s): the full matrix's second
+    run would cost the CI 20 s more for the same proof."""
     first, again = lab.run(schema, "runtime"), lab.run(schema, "runtime again")
     assert_same(first, again, ("run 1", "run 2"), "clocks")
     assert first.runs == again.runs == Counter({case.name: 1 for case in first.cases})

@@ -160,15 +160,7 @@ def prepare_result(
         return prepare(job_id, run_lease, result, error, progress, named=named)
     if error is not None:
         raise ValidationError("error= is for a re-schedule; Cancel and Fail carry their own text")
-    tag: EndTag
-    message: str | None = None
-    if isinstance(result, Complete):
-        tag = "complete"
-    elif isinstance(result, Cancel):
-        tag, message = "cancel", _text("Cancel reason", result.reason)
-    else:
-        tag = "fail_terminal" if result.terminal else "fail"
-        message = _text("Fail error", result.error)
+    tag, message = _ending(result)
     item = EndItem(
         _bigint("job_id", job_id),
         _bigint("run_lease", run_lease),
@@ -179,6 +171,15 @@ def prepare_result(
     if named is not None:
         item = item._replace(kind=named.kind, queue=named.queue, attempt=named.attempt)
     return EndCall(result, item)
+
+
+def _ending(result: Complete | Cancel | Fail) -> tuple[EndTag, str | None]:
+    """An ending's tag, and its text (the cancel reason, the failure's error) checked."""
+    if isinstance(result, Complete):
+        return "complete", None
+    if isinstance(result, Cancel):
+        return "cancel", _text("Cancel reason", result.reason)
+    return ("fail_terminal" if result.terminal else "fail"), _text("Fail error", result.error)
 
 
 def prepare_receipt(
@@ -192,13 +193,8 @@ def prepare_receipt(
     delay: float | None = None
     message: str | None = None
     tag: ReceiptTag
-    if isinstance(result, Complete):
-        tag = "complete"
-    elif isinstance(result, Cancel):
-        tag, message = "cancel", _text("Cancel reason", result.reason)
-    elif isinstance(result, Fail):
-        tag = "fail_terminal" if result.terminal else "fail"
-        message = _text("Fail error", result.error)
+    if isinstance(result, Complete | Cancel | Fail):
+        tag, message = _ending(result)
     elif isinstance(result, Snooze | RetryAfter):
         delay = _delay(result)
         tag = "snooze" if isinstance(result, Snooze) else "retry_after"

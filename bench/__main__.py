@@ -107,22 +107,17 @@ def _medians(rounds: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 def completion(url: str, a: Any) -> dict[str, Any]:
     """Each ending, awa-sa against the worker's own UPDATE (:mod:`bench.endings`), as rounds."""
-    built = endings.build(url)
-    try:
-        rounds = _rounds(built.items, url, a)
-    finally:
-        built.close()
-    return {
-        "variants": _medians(rounds),
-        "rounds": rounds,
-        "groups": {v.name: v.group for v in built.items},
-    }
+    return _measured(endings.build(url), url, a)
 
 
 def queue_storage_settles(url: str, a: Any) -> dict[str, Any]:
     """The queue-storage settle against its own statements sent raw (:mod:`bench.receipts`)."""
     supply = receipts.Receipts(url)
-    built = receipts.build(url, supply)
+    return _measured(receipts.build(url, supply), url, a, supply)
+
+
+def _measured(built: variants.Variants, url: str, a: Any, supply: Any = None) -> dict[str, Any]:
+    """*built*'s variants measured as rounds, then closed: the medians, the rounds, the groups."""
     try:
         rounds = _rounds(built.items, url, a, supply)
     finally:

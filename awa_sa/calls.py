@@ -77,15 +77,9 @@ def prepare(
     """
     job_id = _bigint("job_id", job_id)
     run_lease = _bigint("run_lease", run_lease)
-    delay: float | None = None
-    tag: KindTag
-    if isinstance(kind, Snooze | RetryAfter):
-        delay = _delay(kind)
-        tag = "snooze" if isinstance(kind, Snooze) else "retry_after"
-    elif isinstance(kind, RetryBackoff):
-        tag = "retry_backoff"
-    else:
+    if not isinstance(kind, Snooze | RetryAfter | RetryBackoff):
         raise ValidationError(f"kind must be Snooze, RetryAfter or RetryBackoff, got {kind!r}")
+    tag, delay = _rescheduling(kind)
     item = MoveItem(
         job_id,
         run_lease,
@@ -97,6 +91,13 @@ def prepare(
     if named is not None:
         item = item._replace(kind=named.kind, queue=named.queue, attempt=named.attempt)
     return Call(kind, item)
+
+
+def _rescheduling(kind: Kind) -> tuple[KindTag, float | None]:
+    """A re-schedule's tag, and its delay (checked) for Snooze and RetryAfter."""
+    if isinstance(kind, RetryBackoff):
+        return "retry_backoff", None
+    return ("snooze" if isinstance(kind, Snooze) else "retry_after"), _delay(kind)
 
 
 def _delay(kind: Snooze | RetryAfter) -> float:
@@ -195,11 +196,8 @@ def prepare_receipt(
     tag: ReceiptTag
     if isinstance(result, Complete | Cancel | Fail):
         tag, message = _ending(result)
-    elif isinstance(result, Snooze | RetryAfter):
-        delay = _delay(result)
-        tag = "snooze" if isinstance(result, Snooze) else "retry_after"
-    elif isinstance(result, RetryBackoff):
-        tag = "retry_backoff"
+    elif isinstance(result, Snooze | RetryAfter | RetryBackoff):
+        tag, delay = _rescheduling(result)
     else:
         raise ValidationError(
             "result must be Complete, Cancel, Fail, Snooze, RetryAfter or RetryBackoff, "

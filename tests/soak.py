@@ -107,6 +107,7 @@ DELAYS = (0.0, 0.25, 1.0, 5.0, 30.0, 3600.0)
 SNOOZE_ONLY_FROM = 20
 """From this attempt on workers only snooze, which does not count, so attempts stay bounded."""
 BACKOFF_OVERFLOWS_FROM = 43
+IDLE_POLL = 0.02  # seconds a writer that found nothing running waits before its next call
 """``awa.backoff_duration`` overflows from attempt 44 (docs/contract.md#backoff), and at 43 whenever
 its jitter is large enough (about four calls in five, on the real v040 function too). From 46
 on, the wrapped interval sometimes lands ``run_at`` in a year PostgreSQL accepts but Python's
@@ -421,6 +422,14 @@ class Soak:
         with self._lock:
             self.unexpected.append(text)
 
+    def _idle(self) -> None:
+        """A writer that found nothing running polls, as a worker does, rather than spin.
+
+        Spinning writers hold the transition row's share lock back to back, and the
+        controller's FOR UPDATE (the finalize) waited behind them for most of a minute.
+        """
+        self._stop.wait(IDLE_POLL)
+
     # ---- one call --------------------------------------------------------------------------
 
     def _choose(
@@ -497,14 +506,18 @@ class Soak:
         barrier: threading.Barrier | None = None,
     ) -> Call | None:
         with self.engine.connect() as conn:
+            idle = False
             if fixed is None:
                 target = conn.execute(_PICK_RUNNING).first()
+                idle = target is None
                 job_id, lease, attempt, cb, late = self._choose(rng, target)
                 if late:
                     lease = self._late_lease(conn.execute(_WHERE_IS, {"i": job_id}).all(), 1)
             else:
                 (job_id, lease, attempt, cb), late = fixed, False
             conn.rollback()
+            if idle:
+                self._idle()
             kind = self._kind(rng, attempt)
             error, progress = self._payloads(rng, attempt)
             form = form or rng.choice(("engine", "engine", "connection", "rollback"))
@@ -540,6 +553,8 @@ class Soak:
             if late:
                 lease = self._late_lease((await conn.execute(_WHERE_IS, {"i": job_id})).all(), 1)
             await conn.rollback()
+            if target is None:
+                await asyncio.sleep(IDLE_POLL)
             kind = self._kind(rng, attempt)
             error, progress = self._payloads(rng, attempt)
             form = rng.choice(("async_engine", "async_connection"))
@@ -632,7 +647,10 @@ class Soak:
                     self._event(
                         Event("rescue", int(row.id), int(row.run_lease), int(row.attempt), q, k)
                     )
-            self._stop.wait(0.02)
+            # Once the drain begins, rescue rarely: a rescue every 20 ms of the last few running
+            # attempts bumps each lease faster than a call can read and settle it, and the
+            # drain never ends (seen: the last attempt rescued 500 times, every call Stale).
+            self._stop.wait(0.5 if self._drain.is_set() else 0.02)
 
     def _claimer(self) -> None:
         while not self._stop.is_set():

@@ -94,13 +94,21 @@ def _on_one_engine(
 
 
 def callers(
-    driver: str, url: str, job_ids: list[int], callers: int, engine_options: dict[str, Any]
+    driver: str,
+    url: str,
+    job_ids: list[int],
+    callers: int,
+    engine_options: dict[str, Any],
+    *,
+    ready: Any = None,
 ) -> list[str]:
     """*callers* concurrent callers on one engine reschedule *job_ids* (lease 1) one by one;
     the failures, as text (an empty list when every call was ``Rescheduled``). Any exception
     counts: a misconfigured driver can fail inside itself, not only with an awa-sa error.
 
-    Module-level and picklable, so a test can run it in another process.
+    Module-level and picklable, so a test can run it in another process. *ready*, a barrier
+    shared with the other processes, holds the first call until every process is ready: a
+    process that starts late would otherwise find the other one finished.
     """
     target = driver_url(url, driver)
     errors: list[str] = []
@@ -113,6 +121,8 @@ def callers(
 
         async def go() -> None:
             engine = create_async_engine(target, pool_size=callers, **engine_options)
+            if ready is not None:
+                ready.wait()
 
             async def one(job_id: int) -> None:
                 try:
@@ -127,6 +137,8 @@ def callers(
         asyncio.run(go())
         return errors
     engine = sa.create_engine(target, pool_size=callers, **engine_options)
+    if ready is not None:
+        ready.wait()
 
     def one(job_id: int) -> None:
         try:

@@ -283,21 +283,32 @@ class Capturer:
         self.engine = engine
         self.schemas = schemas
         self.pool: dict[str, str] = {}
+        self.reads: dict[tuple[tuple[str, str], ...], sa.TextClause] = {}
+
+    def _read(self, tables: tuple[tuple[str, str], ...]) -> sa.TextClause:
+        """One statement for every table: a capture is taken many times a case, and a
+        statement per table made it a hundred round trips."""
+        if tables not in self.reads:
+            legs = [
+                f"SELECT '{schema}.{table}', ARRAY(SELECT to_jsonb(t)::text "
+                f'FROM "{schema}"."{table}" AS t ORDER BY 1)'
+                for schema, table in tables
+                if table not in OWN_CLOCK
+            ]
+            self.reads[tables] = sa.text(" UNION ALL ".join(legs))
+        return self.reads[tables]
 
     def __call__(self) -> Capture:
         """Every row of every table of the planes, and every sequence, in one snapshot."""
         pool = self.pool
         with self.engine.connect() as conn:
             conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            out: Capture = {}
             binds = {"schemas": self.schemas}
-            for schema, table in conn.execute(sa.text(TABLES), binds).all():
-                if table in OWN_CLOCK:
-                    continue
-                texts = conn.execute(
-                    sa.text(f'SELECT to_jsonb(t)::text FROM "{schema}"."{table}" AS t ORDER BY 1')
-                ).scalars()
-                out[f"{schema}.{table}"] = tuple(pool.setdefault(t, t) for t in texts)
+            tables = tuple((s, t) for s, t in conn.execute(sa.text(TABLES), binds).all())
+            out: Capture = {
+                name: tuple(pool.setdefault(t, t) for t in texts)
+                for name, texts in conn.execute(self._read(tables)).all()
+            }
             sequences = conn.execute(sa.text(SEQUENCES), binds).all()
             out["sequences"] = tuple(json.dumps([name, value]) for name, value in sequences)
         return out

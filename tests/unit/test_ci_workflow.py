@@ -9,6 +9,7 @@ the two ways of running CI cannot drift into two definitions of it.
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -48,3 +49,12 @@ def test_each_entry_calls_ci_run_with_its_job_as_root_on_debian() -> None:
     assert "--user" not in container.get("options", "")  # a container's default user is root
     runs = [step["run"] for step in job["steps"] if "run" in step]
     assert "bash .ci/run ${{ matrix.job }}" in runs
+
+
+def test_the_whole_run_runs_every_job_once() -> None:
+    """``.ci/run`` with no job named runs the lines of SIDE_BY_SIDE: each job in exactly one."""
+    found = re.search(r"^SIDE_BY_SIDE=\(([^)]*)\)$", RUN, re.M)
+    assert found, ".ci/run no longer has a SIDE_BY_SIDE=(...) line"
+    named = [job for line in shlex.split(found.group(1)) for job in line.split()]
+    assert sorted(named) == sorted(all_jobs())
+    assert len(named) == len(set(named))

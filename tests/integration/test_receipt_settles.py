@@ -12,9 +12,12 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from calling import DRIVERS, driver_url, is_async
 from jobs import insert_job
+from sqlalchemy.ext.asyncio import create_async_engine
 
 import awa_sa
+import awa_sa.asyncio as awa_async
 import awa_sa_schema
 from awa_sa import RunningAttempt
 from awa_sa.testing import locate, queue_storage_attempt
@@ -206,6 +209,56 @@ def test_a_batch_of_both_planes_is_one_by_one(engine: sa.Engine) -> None:
     assert outcomes[3] == awa_sa.Stale()
     assert awa_sa.running_attempts(engine) == []
     assert awa_sa.settle_attempts(engine, []) == []
+
+
+@pytest.mark.parametrize("form", ["engine", "connection"])
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_the_batch_form_on_every_driver_and_face(
+    engine: sa.Engine, db_url: str, driver: str, form: str
+) -> None:
+    """``settle_attempts`` (``awa_sa.asyncio``'s on the async drivers), as an Engine and
+    inside a caller's transaction: both planes, each item once, the caller's commit keeps it."""
+    with engine.begin() as conn:
+        awa_sa_schema.set_phase(conn, "mixed_transition", QS)
+        canonical_id = insert_job(conn, kind="mail", queue="mail")
+        receipt = queue_storage_attempt(conn, schema=QS, kind="mail", queue="mail")
+    (canonical,) = [a for a in awa_sa.running_attempts(engine) if not a.on_queue_storage]
+    items = [
+        awa_sa.Settlement(receipt, awa_sa.Fail("boom", terminal=True)),
+        awa_sa.Settlement(canonical, awa_sa.Complete()),
+        awa_sa.Settlement(receipt, awa_sa.Complete()),
+    ]
+    url = driver_url(db_url, driver)
+    if is_async(driver):
+        face = create_async_engine(url)
+        try:
+            if form == "engine":
+                outcomes = await awa_async.settle_attempts(face, items)
+            else:
+                async with face.begin() as aconn:
+                    outcomes = await awa_async.settle_attempts(aconn, items)
+        finally:
+            await face.dispose()
+    else:
+        sync = sa.create_engine(url)
+        try:
+            if form == "engine":
+                outcomes = awa_sa.settle_attempts(sync, items)
+            else:
+                with sync.begin() as conn:
+                    outcomes = awa_sa.settle_attempts(conn, items)
+        finally:
+            sync.dispose()
+    assert outcomes == [
+        awa_sa.Failed(receipt.job_id, terminal=True),
+        awa_sa.Completed(canonical_id),
+        awa_sa.Stale(),
+    ]
+    assert awa_sa.running_attempts(engine) == []
+    with engine.connect() as conn:
+        where = locate(conn, receipt.job_id, schema=QS)
+    assert where is not None
+    assert where.state == "failed"
 
 
 def test_a_refused_item_leaves_the_callers_transaction_as_it_was(active: sa.Engine) -> None:

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from typing import Any
 from weakref import WeakKeyDictionary, ref
 
-from sqlalchemy import Connection, CursorResult
+from sqlalchemy import Connection, Result
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement
 
-from awa_sa.internals import lean_execute
+from awa_sa.internals import Direct, lean_execute
 from awa_sa.queue_storage import translate_map
 from awa_sa.statements.registry import P, Query, R
 
@@ -115,7 +115,7 @@ def execute(
     stmt: ClauseElement,
     params: Mapping[str, Any] | None = None,
     schema: str | None = None,
-) -> CursorResult[Any]:
+) -> Result[Any]:
     """Run *stmt* on *conn*: its compiled text and *params*, in whatever transaction is open.
 
     As ``exec_driver_sql`` would, but answered by a plain ``Result`` over the fetched rows
@@ -126,10 +126,18 @@ def execute(
     return lean_execute(conn, text.sql, text.params(params or {}))
 
 
-def run(conn: Connection, query: Query[P, R], params: P, schema: str | None = None) -> R:
+Runner = Connection | Direct
+"""Where a step's statements run: a Connection, or the Engine form's pooled connection
+itself (:class:`awa_sa.internals.Direct`, for its autocommit try)."""
+
+
+def run(conn: Runner, query: Query[P, R], params: P, schema: str | None = None) -> R:
     """Run *query* with *params* on *conn*, as the statement its parameters call for.
 
     :func:`execute` inlined: this is on the path of every call.
     """
     text = compiled(query.shape(params), conn.dialect, schema)
-    return query.read(lean_execute(conn, text.sql, text.params(query.binds(params))))
+    values = text.params(query.binds(params))
+    if isinstance(conn, Direct):
+        return query.read(conn.send(text.sql, values))
+    return query.read(lean_execute(conn, text.sql, values))

@@ -43,7 +43,7 @@ from awa_sa.calls import (
     items,
     retry_of,
 )
-from awa_sa.compiled import run
+from awa_sa.compiled import Runner, run
 from awa_sa.errors import MaterialisedAttempt, QueueStorageAttempt, ValidationError, translated
 from awa_sa.internals import in_autocommit
 from awa_sa.kinds import Cancelled, Completed, Ending, Failed, Outcome, Rescheduled, Stale
@@ -122,7 +122,7 @@ def _ended(conn: Connection, calls: Sequence[EndCall]) -> list[Ending]:
     return [next(moved) if isinstance(answer, Call) else answer for answer in answered]
 
 
-def endings(conn: Connection, calls: Sequence[EndCall]) -> list[Ending | Call]:
+def endings(conn: Runner, calls: Sequence[EndCall]) -> list[Ending | Call]:
     """The one UPDATE that ends attempts (docs/contract.md#endings), or one per attempt when
     two of them share a unique key; a retryable failure with attempts left comes back as the
     re-schedule it becomes. No routing lock: an ending never migrates."""
@@ -137,7 +137,7 @@ def endings(conn: Connection, calls: Sequence[EndCall]) -> list[Ending | Call]:
     return answered
 
 
-def _end(conn: Connection, calls: Sequence[EndCall]) -> list[Ending | Call] | None:
+def _end(conn: Runner, calls: Sequence[EndCall]) -> list[Ending | Call] | None:
     items = [call.item for call in calls]
     with _failing(calls, CANONICAL):
         ended = run(conn, END_ATTEMPTS, items)
@@ -164,7 +164,7 @@ def _end(conn: Connection, calls: Sequence[EndCall]) -> list[Ending | Call] | No
 
 
 def _checked_then_ended(
-    conn: Connection, calls: Sequence[EndCall], unchecked: list[EndItem], schema: str
+    conn: Runner, calls: Sequence[EndCall], unchecked: list[EndItem], schema: str
 ) -> dict[tuple[int, int], Answer]:
     """Bare pairs the UPDATE left alone while routing is queue storage: refused if one names
     an open claim of *schema* (docs/contract.md#bare-pair), else ended now."""
@@ -230,7 +230,7 @@ def _state(job_id: int, state: str, *, terminal: bool) -> Ending:
     return Failed(job_id, terminal=terminal)
 
 
-def alone(conn: Connection, calls: Sequence[Call]) -> list[Outcome] | GoOn:
+def alone(conn: Runner, calls: Sequence[Call]) -> list[Outcome] | GoOn:
     """The one statement committed by itself (the Engine form's first try), or why to go on.
 
     Alone, its lock ends with it, so every reason to go on -- a shared key too -- needs a
@@ -245,7 +245,7 @@ def go_on(conn: Connection, calls: Sequence[Call]) -> list[Outcome]:
     return _logged(calls, _locked_then_routed(conn, calls))
 
 
-def one_statement(conn: Connection, calls: Sequence[Call]) -> Settled | GoOn:
+def one_statement(conn: Runner, calls: Sequence[Call]) -> Settled | GoOn:
     """Step 2: lock, route, guard and move (docs/contract.md#one-statement)."""
     with _failing(calls, CANONICAL):  # the only route on which it writes, and so can fail
         moved = run(conn, MOVE_IF_CANONICAL, items(calls))

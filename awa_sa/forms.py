@@ -11,16 +11,25 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 from contextlib import suppress
-from typing import TYPE_CHECKING, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from sqlalchemy import Connection, Dialect, Engine
 from sqlalchemy.exc import UnboundExecutionError
 
 from awa_sa import flow
 from awa_sa.calls import AnyCall, Call, EndCall
+from awa_sa.compiled import Runner
 from awa_sa.drivers import check_dialect
 from awa_sa.errors import CONNECTION_LOST, DatabaseError, ValidationError, translated
-from awa_sa.internals import autocommit_off, autocommit_on, connect_isolation_level
+from awa_sa.internals import (
+    Direct,
+    autocommit_off,
+    autocommit_on,
+    checkout,
+    connect_isolation_level,
+    direct_allowed,
+)
 from awa_sa.kinds import Ending
 
 if TYPE_CHECKING:
@@ -28,6 +37,7 @@ if TYPE_CHECKING:
 
 _T = TypeVar("_T")
 _C = TypeVar("_C", bound=Sequence[AnyCall])
+_R = TypeVar("_R", bound=Runner)
 
 
 def check_bind(bind: object) -> None:
@@ -67,7 +77,9 @@ def within(bind: Engine | Connection | Session, calls: Sequence[AnyCall]) -> lis
     Also the AsyncEngine form, run whole in one greenlet by :mod:`awa_sa.asyncio`. The Engine
     form first sends the one statement alone in autocommit (one round trip, committed by
     itself); only when it moved nothing and says the call must go on does it open a
-    transaction.
+    transaction. Where no one would see the Connection (no listeners, echo or execution
+    options: :func:`~awa_sa.internals.direct_allowed`), that first try runs on the pooled
+    connection itself.
 
     The Engine form's checkout, BEGIN, COMMIT and checkin are translated by one ``try``, and
     :func:`~awa_sa.errors.translated` is entered only when something was raised: on the path
@@ -80,21 +92,70 @@ def within(bind: Engine | Connection | Session, calls: Sequence[AnyCall]) -> lis
                 bind = bind.connection()
         return in_transaction(bind, calls)
     try:
-        conn = bind.connect()
-        try:
-            done = _alone(conn, calls) if _alone_in_autocommit(bind) else None
-            if done is None:
-                with conn.begin():
-                    done = in_transaction(conn, calls)
-        finally:
-            conn.close()
+        if not _alone_in_autocommit(bind):
+            with bind.begin() as conn:
+                return in_transaction(conn, calls)
+        if direct_allowed(bind):
+            first = _direct(bind, calls)
+        else:
+            with bind.connect() as conn:
+                first = _on_connection(conn, calls)
+                if not isinstance(first, list):
+                    conn.rollback()  # ends SQLAlchemy's autobegun transaction; nothing to send
+                    with conn.begin():
+                        return first.run(conn)
+        if isinstance(first, list):
+            return first
+        with bind.begin() as conn:
+            return first.run(conn)
     except Exception as exc:
         raise translated_error(exc)  # noqa: B904 -- translated() chained it already
-    return done
 
 
-def _alone(conn: Connection, calls: Sequence[AnyCall]) -> list[Ending] | None:
-    """The Engine form's statements alone in autocommit, or None to take a transaction.
+@dataclass(frozen=True, slots=True)
+class _Then:
+    """What the Engine form's autocommit try leaves to a transaction: *step* on *calls*."""
+
+    step: Callable[[Connection, Sequence[AnyCall]], list[Ending]]
+    calls: Sequence[AnyCall]
+
+    def run(self, conn: Connection) -> list[Ending]:
+        return self.step(conn, self.calls)
+
+
+def _direct(engine: Engine, calls: Sequence[AnyCall]) -> list[Ending] | _Then:
+    """The autocommit try on a pooled connection of *engine*'s, without a Connection."""
+    fairy = checkout(engine)  # the pool's: its events, pre-ping
+    try:
+        dbapi = fairy.dbapi_connection
+        if dbapi is None or getattr(dbapi, "autocommit", False):
+            return _Then(in_transaction, calls)
+        dbapi.autocommit = True
+        try:
+            return _alone(Direct(engine, fairy), calls)
+        finally:
+            try:
+                dbapi.autocommit = False
+            except Exception:  # whatever the driver raises, the connection goes
+                if fairy.is_valid:
+                    fairy.invalidate()
+    finally:
+        fairy.close()  # the checkin: its events, the reset
+
+
+def _on_connection(conn: Connection, calls: Sequence[AnyCall]) -> list[Ending] | _Then:
+    """The autocommit try on a Connection, for an engine whose Connection someone sees."""
+    dbapi = autocommit_on(conn)
+    if dbapi is None:
+        return _Then(in_transaction, calls)
+    try:
+        return _alone(conn, calls)
+    finally:
+        autocommit_off(conn, dbapi)
+
+
+def _alone(runner: Runner, calls: Sequence[AnyCall]) -> list[Ending] | _Then:
+    """The Engine form's statements alone in autocommit, or what to do in a transaction.
 
     Re-schedules send the one statement, and go on in a transaction only when it says so. A
     single ending is one UPDATE, and comes back as the re-schedule it becomes when it is a
@@ -104,28 +165,19 @@ def _alone(conn: Connection, calls: Sequence[AnyCall]) -> list[Ending] | None:
     if len(moving) < len(calls):
         ending = calls[0] if len(calls) == 1 else None
         if not isinstance(ending, EndCall):
-            return None
-        dbapi = autocommit_on(conn)
-        if dbapi is None:
-            return None
-        try:
-            (answer,) = _guarded(conn, flow.endings, [ending])
-        finally:
-            autocommit_off(conn, dbapi)
+            return _Then(in_transaction, calls)
+        (answer,) = _guarded(runner, flow.endings, [ending])
         if not isinstance(answer, Call):
             return [answer]
         moving = [answer]
-    dbapi = autocommit_on(conn)
-    if dbapi is not None:
-        try:
-            first = _guarded(conn, flow.alone, moving)
-        finally:
-            autocommit_off(conn, dbapi)
-        if isinstance(first, list):
-            return list(first)
-    conn.rollback()  # ends SQLAlchemy's autobegun transaction; nothing to send
-    with conn.begin():  # the one statement said to go on: the two-statement path
-        return list(_guarded(conn, flow.go_on, moving))
+    first = _guarded(runner, flow.alone, moving)
+    if isinstance(first, list):
+        return list(first)
+    return _Then(_going_on, moving)  # the one statement said to go on: the two-statement path
+
+
+def _going_on(conn: Connection, calls: Sequence[AnyCall]) -> list[Ending]:
+    return list(_guarded(conn, flow.go_on, cast(Sequence[Call], calls)))
 
 
 def in_transaction(conn: Connection, calls: Sequence[AnyCall]) -> list[Ending]:
@@ -154,7 +206,7 @@ def _alone_in_autocommit(engine: Engine) -> bool:
     return level is None or level.upper().replace("_", " ") == "READ COMMITTED"
 
 
-def _guarded(conn: Connection, flow_step: Callable[[Connection, _C], _T], calls: _C) -> _T:
+def _guarded(conn: _R, flow_step: Callable[[_R, _C], _T], calls: _C) -> _T:
     """``flow_step(conn, calls)`` translated, invalidating a connection found dead on the way."""
     try:  # the statements, savepoints, and a connection that died midway
         return flow_step(conn, calls)

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
-from sqlalchemy import Connection, CursorResult
+from sqlalchemy import Connection
 from sqlalchemy.engine import Dialect, Engine, IteratorResult, Result
 from sqlalchemy.engine.default import DefaultExecutionContext
+from sqlalchemy.engine.interfaces import DBAPICursor
 from sqlalchemy.engine.result import SimpleResultMetaData
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import NullType
@@ -25,13 +28,16 @@ from sqlalchemy.types import NullType
 # Engine form (checkout, the flow, COMMIT, checkin) in one, where the public way (`async with
 # engine.begin()`, then run_sync) costs five greenlet switches and event-loop rounds more.
 # tests/integration/test_async_engine_form.py.
-from sqlalchemy.util import greenlet_spawn
+from sqlalchemy.util import greenlet_spawn, is_exit_exception
 
 __all__ = [
+    "Direct",
     "SchemaTranslatedFunction",
     "autocommit_off",
     "autocommit_on",
+    "checkout",
     "connect_isolation_level",
+    "direct_allowed",
     "greenlet_spawn",
     "in_autocommit",
     "lean_execute",
@@ -144,20 +150,26 @@ def _compile_schema_translated(
 
 
 def _lean_result(self: DefaultExecutionContext) -> Result[Any]:
-    """``_setup_result_proxy`` of a lean context: the rows fetched, the cursor closed.
+    """``_setup_result_proxy`` of a lean context: the rows fetched, the cursor closed."""
+    cursor = self.cursor
+    result = _fetched(self.statement, cursor)
+    cursor.close()
+    return result
+
+
+def _fetched(statement: str, cursor: DBAPICursor) -> Result[Any]:
+    """The rows *cursor* holds after running *statement*, as a plain ``Result``.
 
     The column names are read from the cursor description once per statement text (a text's
     answer has the same columns every time), not on every call: psycopg 3 builds a ``Column``
     object per column each time ``description`` is read.
     """
-    cursor = self.cursor
-    metadata = _metadata.get(self.statement, _UNKNOWN)
+    metadata = _metadata.get(statement, _UNKNOWN)
     if metadata is _UNKNOWN:
         description = cursor.description
         keys = None if description is None else [column[0] for column in description]
-        metadata = _metadata[self.statement] = None if keys is None else SimpleResultMetaData(keys)
+        metadata = _metadata[statement] = None if keys is None else SimpleResultMetaData(keys)
     rows = [] if metadata is None else cursor.fetchall()
-    cursor.close()
     return IteratorResult(metadata or _NO_COLUMNS, iter(rows))
 
 
@@ -181,15 +193,15 @@ def _lean_context(dialect: Dialect) -> type[DefaultExecutionContext]:
 
 def lean_execute(
     conn: Connection, statement: str, parameters: Mapping[str, Any] | tuple[Any, ...]
-) -> CursorResult[Any]:
+) -> Result[Any]:
     """``conn.exec_driver_sql(statement, parameters)``, answered by an ``IteratorResult``.
 
-    Typed as what ``_execute_context`` is declared to return, the ``CursorResult`` the
-    statements' readers are written against; they use only the ``Result`` API, which the
-    ``IteratorResult`` has whole (tests/integration/test_compiled.py reads it both ways).
+    ``_execute_context`` is declared to return a ``CursorResult``; the lean context makes it
+    return the ``IteratorResult``, whose ``Result`` API is all the statements' readers use
+    (tests/integration/test_compiled.py reads it both ways).
     """
     dialect = conn.dialect
-    return conn._execute_context(
+    result: Result[Any] = conn._execute_context(
         dialect,
         _lean_context(dialect)._init_statement,
         statement,
@@ -198,3 +210,112 @@ def lean_execute(
         statement,
         [parameters],
     )
+    return result
+
+
+# --- the Engine form's direct path (awa_sa.forms) ---------------------------------------------
+#
+# Most of the Engine form's client time used to be the ``Connection`` around its one
+# statement: building it, autobegin and its rollback, ``_execute_context``'s checks and
+# execution context, and the close. What a Connection does for our statement beyond the pool
+# and the driver's cursor is what its listeners, echo and execution options see. So where an
+# engine has none of them, the statement runs on the pooled connection itself:
+# ``Engine.raw_connection()`` is the pool's public checkout (checkout and checkin events,
+# pre-ping, reset on return) and the cursor is the driver's. An error is what the Connection
+# would raise: a failed checkout goes through the Connection's own
+# ``_handle_dbapi_exception_noconnection``, a failed statement is wrapped by
+# ``DBAPIError.instance`` and a dead connection invalidated, with its pool, as
+# ``Connection._handle_dbapi_exception`` does (``Pool._invalidate``; an interrupt invalidates
+# only the connection). An engine with a listener of any connection or dialect event
+# (OpenTelemetry's, a ``handle_error``), echo or INFO logging of ``sqlalchemy.engine``
+# (``Engine._should_log_info``, as the Connection asks), or execution options keeps the
+# Connection. tests/integration/test_direct.py.
+
+
+def direct_allowed(engine: Engine) -> bool:
+    """Whether no one would see what *engine*'s Connection does.
+
+    ``Engine._has_events`` and ``Dialect._has_events`` are the flags the Connection itself
+    reads before firing any event: set by the first listener of a connection event (on the
+    engine or the Engine class) or a dialect event (``handle_error``, the ``do_*`` hooks).
+    """
+    return not (
+        engine._has_events
+        or engine.dialect._has_events
+        or engine.get_execution_options()
+        or engine._should_log_info()
+    )
+
+
+def checkout(engine: Engine) -> PoolProxiedConnection:
+    """A pooled connection of *engine*'s, or the error ``Engine.connect()`` would raise."""
+    try:
+        return engine.raw_connection()
+    except engine.dialect.loaded_dbapi.Error as exc:
+        Connection._handle_dbapi_exception_noconnection(exc, engine.dialect, engine)
+
+
+class Direct:
+    """A pooled connection that runs our statement texts on its own cursor.
+
+    Stands where the flow's steps take a ``Connection`` for the statements of the Engine form's
+    autocommit try (:func:`awa_sa.compiled.run` sends through :meth:`send`).
+    """
+
+    __slots__ = ("dialect", "engine", "fairy")
+
+    def __init__(self, engine: Engine, fairy: PoolProxiedConnection) -> None:
+        self.engine = engine
+        self.dialect = engine.dialect
+        self.fairy = fairy
+
+    @property
+    def invalidated(self) -> bool:
+        return not self.fairy.is_valid
+
+    def invalidate(self, exc: BaseException | None = None) -> None:
+        if self.fairy.is_valid:
+            self.fairy.invalidate(exc)
+
+    def send(self, statement: str, parameters: Mapping[str, Any] | tuple[Any, ...]) -> Result[Any]:
+        """*statement* with *parameters* on a cursor of its own, its rows fetched."""
+        cursor = self.fairy.cursor()
+        try:
+            cursor.execute(statement, parameters)
+            return _fetched(statement, cursor)
+        except BaseException as exc:
+            self._failed(exc, statement, parameters, cursor)
+        finally:
+            if self.fairy.is_valid:
+                cursor.close()
+
+    def _failed(
+        self,
+        exc: BaseException,
+        statement: str,
+        parameters: Mapping[str, Any] | tuple[Any, ...],
+        cursor: DBAPICursor,
+    ) -> NoReturn:
+        """Raise what a Connection would for *exc*; invalidate where it would."""
+        dialect, error = self.dialect, self.dialect.loaded_dbapi.Error
+        exiting = is_exit_exception(exc)
+        lost = exiting or (
+            isinstance(exc, error)
+            and dialect.is_disconnect(exc, self.fairy.dbapi_connection, cursor)
+        )
+        if lost and self.fairy.is_valid:
+            if exiting:
+                self.fairy.invalidate(exc)
+            else:
+                self.engine.pool._invalidate(self.fairy, exc)  # the pool's older ones too
+        if not isinstance(exc, error):
+            raise exc
+        raise DBAPIError.instance(
+            statement,
+            parameters,
+            exc,
+            error,
+            hide_parameters=self.engine.hide_parameters,
+            connection_invalidated=lost,
+            dialect=dialect,
+        ).with_traceback(exc.__traceback__) from exc

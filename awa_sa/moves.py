@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from sqlalchemy import Connection
 
 from awa_sa.calls import Call, first_of_each_pair, items
-from awa_sa.compiled import run
+from awa_sa.compiled import Runner, run
 from awa_sa.kinds import Outcome, Rescheduled, Stale
 from awa_sa.statements.canonical import CANONICAL_MOVE, GoOn, Moved, MovedJob
 
@@ -22,14 +22,14 @@ def canonical(conn: Connection, calls: Sequence[Call]) -> list[Outcome]:
     return outcomes(conn, calls, run(conn, CANONICAL_MOVE, items(calls)))
 
 
-def outcomes(conn: Connection, calls: Sequence[Call], moved: Moved) -> list[Outcome]:
+def outcomes(conn: Runner, calls: Sequence[Call], moved: Moved) -> list[Outcome]:
     """The outcomes of a canonical move; one move per attempt when it touched nothing."""
     if moved.go_on is GoOn.SHARED_KEY:
         return one_by_one(conn, calls)
     return _answered(calls, moved.jobs)
 
 
-def one_by_one(conn: Connection, calls: Sequence[Call]) -> list[Outcome]:
+def one_by_one(conn: Runner, calls: Sequence[Call]) -> list[Outcome]:
     """Each attempt moved by itself, in order: the one-row move has no shared key to check."""
     return [_answered([call], run(conn, CANONICAL_MOVE, [call.item]).jobs)[0] for call in calls]
 

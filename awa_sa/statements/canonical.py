@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import (
     CTE,
     ColumnElement,
-    CursorResult,
+    Result,
     Select,
     Text,
     and_,
@@ -299,7 +299,7 @@ class Moved:
     """The queue-storage schema the routed move read (with ``GoOn.QUEUE_STORAGE``)."""
 
     @classmethod
-    def read(cls, result: CursorResult[Any]) -> Moved:
+    def read(cls, result: Result[Any]) -> Moved:
         rows = result.all()
         flags = rows[0]._mapping
         jobs = [MovedJob(r.id, r.run_lease, r.run_at, r.attempt) for r in rows if r.id is not None]

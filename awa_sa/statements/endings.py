@@ -25,7 +25,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     ColumnElement,
-    CursorResult,
+    Result,
     Select,
     SmallInteger,
     Text,
@@ -272,7 +272,7 @@ class Ended:
     """Where routing points, if queue storage: a bare pair was then not ended unless checked."""
 
     @classmethod
-    def read(cls, result: CursorResult[Any]) -> Ended:
+    def read(cls, result: Result[Any]) -> Ended:
         rows = result.all()
         answers = [Answer(r.id, r.run_lease, r.ended, r.attempt) for r in rows if r.id is not None]
         head = rows[0]

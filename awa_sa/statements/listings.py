@@ -18,9 +18,9 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import (
     BigInteger,
-    CursorResult,
     Integer,
     Interval,
+    Result,
     Select,
     SmallInteger,
     Subquery,
@@ -171,7 +171,7 @@ def _listed_rows(rows: Sequence[Any]) -> list[Listed]:
     ]
 
 
-def listed(result: CursorResult[Any]) -> list[Listed]:
+def listed(result: Result[Any]) -> list[Listed]:
     """The rows of :func:`queue_storage_attempts`."""
     return _listed_rows(result.all())
 
@@ -184,6 +184,6 @@ class CanonicalListing:
     attempts: list[Listed]
 
     @classmethod
-    def read(cls, result: CursorResult[Any]) -> CanonicalListing:
+    def read(cls, result: Result[Any]) -> CanonicalListing:
         rows = result.all()
         return cls(rows[0].routing, _listed_rows(rows))

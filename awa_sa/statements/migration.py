@@ -17,9 +17,9 @@ from sqlalchemy import (
     CTE,
     BigInteger,
     ColumnElement,
-    CursorResult,
     Insert,
     LargeBinary,
+    Result,
     Select,
     Text,
     bindparam,
@@ -269,7 +269,7 @@ class Taken:
     """``(index, jsonb_typeof)`` of taken items whose metadata is not a JSON object."""
 
     @classmethod
-    def read(cls, result: CursorResult[Any]) -> Taken:
+    def read(cls, result: Result[Any]) -> Taken:
         rows = result.all()
         jobs, not_objects = [], []
         for r in rows:

@@ -37,10 +37,10 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     ColumnElement,
-    CursorResult,
     Double,
     Insert,
     Integer,
+    Result,
     Select,
     SmallInteger,
     Table,
@@ -734,7 +734,7 @@ class Settled(NamedTuple):
     """The re-scheduled row's ``run_at`` and ``attempt``."""
 
     @classmethod
-    def read(cls, result: CursorResult[Any]) -> Settled:
+    def read(cls, result: Result[Any]) -> Settled:
         row = result.one()
         return cls(bool(row.materialised), row.job_id, row.next_state, row.run_at, row.attempt)
 

@@ -18,7 +18,7 @@ from functools import partial, wraps
 from itertools import product
 from typing import Any, Generic, Literal, ParamSpec, TypeVar, get_args, get_origin, get_type_hints
 
-from sqlalchemy import CursorResult
+from sqlalchemy import Result
 from sqlalchemy.sql.elements import ClauseElement
 
 _P = ParamSpec("_P")
@@ -63,7 +63,7 @@ class Query(Generic[P, R]):
 
     shape: Callable[[P], ClauseElement]
     binds: Callable[[P], Mapping[str, Any]]
-    read: Callable[[CursorResult[Any]], R]
+    read: Callable[[Result[Any]], R]
 
 
 def no_binds(_: object) -> Mapping[str, Any]:

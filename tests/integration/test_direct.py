@@ -1,0 +1,139 @@
+"""The Engine form's direct path (awa_sa.internals.Direct): what the Connection did, kept.
+
+Where an engine has no listener, echo or execution options, the Engine form's autocommit try
+runs on a pooled connection without a ``Connection`` around it. These tests hold it to what a
+user of the engine still relies on: the pool's events and pre-ping, a dead connection
+invalidated with the pool's older ones, errors as awa-sa's, and the Connection back as soon
+as anyone would see it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+from calling import SNOOZE
+from jobs import insert_job
+from sqlalchemy import event
+
+import awa_sa
+from awa_sa.errors import CONNECTION_LOST
+from awa_sa.internals import direct_allowed
+
+
+@pytest.fixture
+def plain(db_url: str) -> Iterator[sa.Engine]:
+    engine = sa.create_engine(db_url, pool_size=2)
+    yield engine
+    engine.dispose()
+
+
+def test_an_engine_that_no_one_watches_takes_it(plain: sa.Engine) -> None:
+    assert direct_allowed(plain)
+
+
+@pytest.mark.parametrize(
+    "watched",
+    ["before_cursor_execute", "engine_connect", "begin", "handle_error", "options", "echo"],
+)
+def test_an_engine_someone_watches_keeps_its_connection(db_url: str, watched: str) -> None:
+    engine = sa.create_engine(db_url, echo=watched == "echo")
+    seen: list[str] = []
+    if watched == "options":
+        engine = engine.execution_options(logging_token="awa")
+    elif watched != "echo":
+        event.listen(engine, watched, lambda *args, **kw: seen.append(watched))
+    try:
+        assert not direct_allowed(engine)
+        with engine.begin() as conn:
+            job = insert_job(conn)
+        assert isinstance(
+            awa_sa.reschedule_canonical_attempt(engine, job, 1, SNOOZE), awa_sa.Rescheduled
+        )
+        if watched in ("before_cursor_execute", "engine_connect", "begin"):
+            assert seen
+    finally:
+        engine.dispose()
+
+
+def test_info_logging_of_sqlalchemy_keeps_the_connection(
+    plain: sa.Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="sqlalchemy.engine"):
+        assert not direct_allowed(plain)
+        awa_sa.reschedule_canonical_attempt(plain, 10**9, 1, SNOOZE)
+    assert any("awa.jobs_hot" in record.getMessage() for record in caplog.records)
+    assert direct_allowed(plain)
+
+
+def test_the_pools_events_fire_once_a_call(plain: sa.Engine) -> None:
+    fired: list[str] = []
+    for name in ("checkout", "checkin"):
+        event.listen(plain.pool, name, lambda *args, name=name: fired.append(name))
+    assert direct_allowed(plain)  # pool events are the pool's: the path stays direct
+    with plain.begin() as conn:
+        job = insert_job(conn)
+    fired.clear()
+    assert isinstance(
+        awa_sa.reschedule_canonical_attempt(plain, job, 1, SNOOZE), awa_sa.Rescheduled
+    )
+    assert fired == ["checkout", "checkin"]
+
+
+def _kill_all(engine: sa.Engine, db_url: str) -> None:
+    """Terminate every backend of *engine*'s pool, from a connection of another engine."""
+    admin = sa.create_engine(db_url, poolclass=sa.NullPool)
+    try:
+        with admin.connect() as conn:
+            conn.execute(
+                sa.text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            )
+    finally:
+        admin.dispose()
+
+
+def _warm(engine: sa.Engine, n: int) -> None:
+    """*n* connections in the pool, each checked in."""
+    held = [engine.connect() for _ in range(n)]
+    for conn in held:
+        conn.exec_driver_sql("SELECT 1")
+        conn.close()
+
+
+def test_pre_ping_replaces_a_dead_connection_before_the_call(db_url: str) -> None:
+    engine = sa.create_engine(db_url, pool_size=1, pool_pre_ping=True)
+    try:
+        with engine.begin() as conn:
+            job = insert_job(conn)
+        _warm(engine, 1)
+        _kill_all(engine, db_url)
+        assert isinstance(
+            awa_sa.reschedule_canonical_attempt(engine, job, 1, SNOOZE), awa_sa.Rescheduled
+        )
+    finally:
+        engine.dispose()
+
+
+def test_a_dead_connection_is_invalidated_with_the_pools_older_ones(db_url: str) -> None:
+    """As the Connection does: the call that finds its connection dead fails as lost, and the
+    pool's other connections, as old, are replaced at their next checkout rather than failing
+    the next call too."""
+    engine = sa.create_engine(db_url, pool_size=2)
+    try:
+        with engine.begin() as conn:
+            job = insert_job(conn)
+        _warm(engine, 2)
+        _kill_all(engine, db_url)
+        with pytest.raises(awa_sa.DatabaseError) as lost:
+            awa_sa.reschedule_canonical_attempt(engine, job, 1, SNOOZE)
+        assert lost.value.sqlstate == CONNECTION_LOST
+        assert isinstance(
+            awa_sa.reschedule_canonical_attempt(engine, job, 1, SNOOZE), awa_sa.Rescheduled
+        )
+    finally:
+        engine.dispose()

@@ -151,13 +151,13 @@ _COMPLETION_BATCHES_COMMENT = (
 
 def _completion_batches(s: str, q: str) -> str:
     """Where a runtime (and awa-sa) records a bare job's completion instead of a done row."""
-    partitions = "".join(
-        f"CREATE TABLE {q}.receipt_completion_batches_{n} "
-        f"PARTITION OF {q}.receipt_completion_batches FOR VALUES IN ({n});\n"
-        f"CREATE INDEX idx_{s}_receipt_completion_batches_{n}_lane "
-        f"ON {q}.receipt_completion_batches_{n} "
-        "(ready_generation, queue, priority, enqueue_shard);\n"
-        for n in range(SLOT_COUNT)
+    partitions = _per_slot(
+        SLOT_COUNT,
+        f"CREATE TABLE {q}.receipt_completion_batches_{{n}} "
+        f"PARTITION OF {q}.receipt_completion_batches FOR VALUES IN ({{n}});\n"
+        f"CREATE INDEX idx_{s}_receipt_completion_batches_{{n}}_lane "
+        f"ON {q}.receipt_completion_batches_{{n}} "
+        "(ready_generation, queue, priority, enqueue_shard);\n",
     )
     return (
         f"""
@@ -205,17 +205,17 @@ _CLAIM_ATTEMPTS_COMMENT = (
 
 def _claim_attempt_batches(s: str, q: str) -> str:
     """What every claim writes beside its receipts: the lane range and the claim's own clock."""
-    partitions = "".join(
+    partitions = _per_slot(
+        SLOT_COUNT,
         f"""
-CREATE TABLE {q}.ready_claim_attempt_batches_{n}
-    PARTITION OF {q}.ready_claim_attempt_batches FOR VALUES IN ({n});
-CREATE INDEX idx_{s}_ready_claim_attempt_batches_{n}_claim_slot
-    ON {q}.ready_claim_attempt_batches_{n} (claim_slot) WHERE claim_slot IS NOT NULL;
-CREATE INDEX idx_{s}_ready_claim_attempt_batches_{n}_lane
-    ON {q}.ready_claim_attempt_batches_{n}
+CREATE TABLE {q}.ready_claim_attempt_batches_{{n}}
+    PARTITION OF {q}.ready_claim_attempt_batches FOR VALUES IN ({{n}});
+CREATE INDEX idx_{s}_ready_claim_attempt_batches_{{n}}_claim_slot
+    ON {q}.ready_claim_attempt_batches_{{n}} (claim_slot) WHERE claim_slot IS NOT NULL;
+CREATE INDEX idx_{s}_ready_claim_attempt_batches_{{n}}_lane
+    ON {q}.ready_claim_attempt_batches_{{n}}
     (ready_generation, queue, priority, enqueue_shard, next_lane_seq, first_lane_seq);
-"""
-        for n in range(SLOT_COUNT)
+""",
     )
     return (
         f"""

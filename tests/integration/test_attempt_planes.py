@@ -44,6 +44,7 @@ import awa
 import pytest
 import sqlalchemy as sa
 from conftest import _janitor, database_url, run_awa
+from runtimes import pg_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
@@ -89,10 +90,6 @@ class Calls:
 @dataclass
 class Flaky:
     n: int
-
-
-def pg_url(url: str) -> str:
-    return sa.make_url(url).set(drivername="postgresql").render_as_string(False)
 
 
 def copy_of(job: Any) -> SimpleNamespace:

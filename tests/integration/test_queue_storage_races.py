@@ -45,6 +45,7 @@ import awa
 import pytest
 import sqlalchemy as sa
 from racing import DEFAULT_TIMEOUT, HeldTransaction, backend_pid, in_thread, wait_until_blocked
+from runtimes import STILL, STILL_RINGS, pg_url, rows
 
 import awa_sa
 from awa_sa import (
@@ -68,16 +69,6 @@ QS = "awa"
 
 WAIT_SECS = 60.0
 
-STILL = 3_600_000
-"""Each ring's rotation interval (ms): past the end of any run."""
-STILL_RINGS = {
-    "queue_storage_queue_rotate_interval_ms": STILL,
-    "queue_storage_lease_rotate_interval_ms": STILL,
-    "queue_storage_claim_rotate_interval_ms": STILL,
-}
-"""No ring rotates during a test, so none is pruned: the maintenance that prunes a sealed slot
-drops its closures and terminal history with it, and the test reads them afterwards."""
-
 
 @dataclass
 class Race:
@@ -87,10 +78,6 @@ class Race:
 @dataclass
 class Later:
     n: int
-
-
-def pg_url(url: str) -> str:
-    return sa.make_url(url).set(drivername="postgresql").render_as_string(False)
 
 
 def copy_of(job: Any) -> SimpleNamespace:
@@ -142,11 +129,6 @@ async def runtime(
             handler.release.set()
         await client.shutdown()
         await client.close()
-
-
-def rows(engine: sa.Engine, sql: str, **params: Any) -> list[dict[str, Any]]:
-    with engine.connect() as conn:
-        return [dict(r) for r in conn.execute(sa.text(sql), params).mappings()]
 
 
 def phase(engine: sa.Engine) -> tuple[str, str, dict[str, Any]]:

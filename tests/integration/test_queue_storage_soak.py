@@ -44,6 +44,7 @@ from typing import Any
 import awa
 import pytest
 import sqlalchemy as sa
+from runtimes import STILL, pg_url, rows
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import awa_sa
@@ -78,9 +79,6 @@ WORKERS = 4
 """Handlers per queue per runtime."""
 WAIT_SECS = 75.0
 """Upper bound for the whole run to settle: a hang fails instead of stalling the suite."""
-
-STILL = 3_600_000
-"""Each ring's rotation interval (ms): past the end of the run."""
 
 
 @dataclass
@@ -173,10 +171,6 @@ def queue_of(i: int) -> str:
     return "compact" if i % 3 == 2 else "receipts"
 
 
-def pg_url(url: str) -> str:
-    return sa.make_url(url).set(drivername="postgresql").render_as_string(False)
-
-
 @dataclass
 class Run:
     job_id: int
@@ -244,11 +238,6 @@ class Handlers:
         async with self.async_engine.begin() as conn:
             found = await conn.run_sync(attempt_of, job)
             return found, await awa_async.settle(conn, found, result)
-
-
-def rows(engine: sa.Engine, sql: str) -> list[dict[str, Any]]:
-    with engine.connect() as conn:
-        return [dict(r) for r in conn.execute(sa.text(sql)).mappings()]
 
 
 SETTLED = f"""

@@ -67,6 +67,7 @@ import pytest
 import sqlalchemy as sa
 from conftest import QUIESCED_FLIP, _janitor, database_url, run_awa
 from pytest_postgresql.janitor import DatabaseJanitor
+from runtimes import pg_url
 
 import awa_sa
 from awa_sa.testing.server import EmbeddedPostgres
@@ -547,10 +548,6 @@ class Run:
     def rows(self, table: str) -> list[dict[str, Any]]:
         """*table*'s rows at the end of the run."""
         return rows_of(self.final, table)
-
-
-def pg_url(url: str) -> str:
-    return sa.make_url(url).set(drivername="postgresql").render_as_string(False)
 
 
 def hold_leadership(engine: sa.Engine) -> sa.Connection:

@@ -34,8 +34,8 @@ import pytest
 import sqlalchemy as sa
 from conftest import awa_release
 from racing import CANONICAL_TABLES, QS_TABLES, RealTransitions
+from runtimes import pg_url
 from sqlalchemy.ext.asyncio import create_async_engine
-from test_testing_real_claim import pg_url
 
 import awa_sa
 import awa_sa.asyncio as awa_sa_asyncio

@@ -18,6 +18,7 @@ from typing import Any
 import awa
 import pytest
 import sqlalchemy as sa
+from runtimes import pg_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import awa_sa.asyncio as awa_async
@@ -48,10 +49,6 @@ class Invoice:
 @dataclass
 class Flaky:
     n: int
-
-
-def pg_url(url: str) -> str:
-    return sa.make_url(url).set(drivername="postgresql").render_as_string(False)
 
 
 def run_worker(

@@ -19,6 +19,7 @@ from typing import Any
 import awa
 import pytest
 import sqlalchemy as sa
+from runtimes import pg_url
 
 from awa_sa.testing import running_attempt
 
@@ -106,10 +107,6 @@ class Worker:
     async def calls(self, job: Any) -> None:
         await job.register_callback(timeout_seconds=CALLBACK_TIMEOUT)
         await self.hold("calls")
-
-
-def pg_url(sqlalchemy_url: str) -> str:
-    return sa.make_url(sqlalchemy_url).set(drivername="postgresql").render_as_string(False)
 
 
 Rows = dict[str, dict[str, Any]]

@@ -228,8 +228,9 @@ def lean_execute(
 # ``Connection._handle_dbapi_exception`` does (``Pool._invalidate``; an interrupt invalidates
 # only the connection). An engine with a listener of any connection or dialect event
 # (OpenTelemetry's, a ``handle_error``), echo or INFO logging of ``sqlalchemy.engine``
-# (``Engine._should_log_info``, as the Connection asks), or execution options keeps the
-# Connection. tests/integration/test_direct.py.
+# (``Engine._should_log_info``, as the Connection asks), execution options, or a dialect that
+# handles a failed statement in its execution context (asyncpg) keeps the Connection.
+# tests/integration/test_direct.py.
 
 
 def direct_allowed(engine: Engine) -> bool:
@@ -239,12 +240,21 @@ def direct_allowed(engine: Engine) -> bool:
     reads before firing any event: set by the first listener of a connection event (on the
     engine or the Engine class) or a dialect event (``handle_error``, the ``do_*`` hooks).
     """
+    dialect = engine.dialect
     return not (
         engine._has_events
-        or engine.dialect._has_events
+        or dialect._has_events
         or engine.get_execution_options()
         or engine._should_log_info()
+        or dialect.execution_ctx_cls.handle_dbapi_exception is not _NO_HANDLING
     )
+
+
+_NO_HANDLING = DefaultExecutionContext.handle_dbapi_exception
+"""What an execution context does with a failed statement's error by default: nothing. A
+dialect whose context does something (asyncpg's clears its prepared-statement cache after a
+schema change, so that the next statement prepares afresh) keeps the Connection, which calls
+it."""
 
 
 def checkout(engine: Engine) -> PoolProxiedConnection:

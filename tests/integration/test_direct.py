@@ -14,9 +14,10 @@ from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
-from calling import SNOOZE
+from calling import SNOOZE, driver_url
 from jobs import insert_job
 from sqlalchemy import event
+from sqlalchemy.ext.asyncio import create_async_engine
 
 import awa_sa
 from awa_sa.errors import CONNECTION_LOST
@@ -30,8 +31,19 @@ def plain(db_url: str) -> Iterator[sa.Engine]:
     engine.dispose()
 
 
-def test_an_engine_that_no_one_watches_takes_it(plain: sa.Engine) -> None:
+def test_an_engine_that_no_one_watches_takes_it(plain: sa.Engine, db_url: str) -> None:
     assert direct_allowed(plain)
+    for driver in ("psycopg2", "pg8000"):
+        other = sa.create_engine(driver_url(db_url, driver))
+        assert direct_allowed(other)
+        other.dispose()
+
+
+def test_asyncpg_keeps_its_connection(db_url: str) -> None:
+    """Its execution context clears the prepared-statement cache when a statement fails for a
+    changed schema; only the Connection calls it."""
+    engine = create_async_engine(driver_url(db_url, "asyncpg"))
+    assert not direct_allowed(engine.sync_engine)
 
 
 @pytest.mark.parametrize(

@@ -27,8 +27,9 @@ terminal and nothing is running or deferred, the runtimes are shut down and the 
   failed as the plans say, nothing queued, available, scheduled, retryable or running.
 
 No ring rotates during the run (the rotation intervals are set past its end): a sealed slot's
-prune drops its closures and terminal history, which the checks read afterwards. Timings and
-figures are printed (``pytest -s``).
+prune drops its closures and terminal history, which the checks read afterwards. A second,
+shorter run has every ring rotating every 250 ms, and checks what the prune leaves instead.
+Timings and figures are printed (``pytest -s``).
 """
 
 from __future__ import annotations
@@ -518,3 +519,123 @@ def test_queue_storage_attempts_settled_by_awa_sa_beside_three_runtimes(
         f"  lookup and settle in the handler: median {took[len(took) // 2] * 1000:.0f} ms, "
         f"p90 {took[len(took) * 9 // 10] * 1000:.0f} ms"
     )
+
+
+PRUNED = f"""
+    SELECT (SELECT count(*) FROM {QS}.terminal_jobs) AS terminal,
+           (SELECT count(*) FROM {QS}.lease_claims)
+         + (SELECT count(*) FROM {QS}.lease_claim_closures)
+         + (SELECT count(*) FROM {QS}.lease_claim_batches)
+         + (SELECT count(*) FROM {QS}.lease_claim_closure_batches)
+         + (SELECT count(*) FROM {QS}.attempt_state) AS claims
+"""
+"""What the prune leaves: terminal rows, and the claim ring's receipts and closures."""
+
+ROTATE_MS = 250
+"""Each ring's rotation interval (ms) in the rotating run: a ring of 16 slots turns in 4 s."""
+ROTATING_JOBS = 200
+
+
+def test_rings_rotate_and_prune_around_attempts_awa_sa_settled(
+    real_db_url: str, real_engine: sa.Engine
+) -> None:
+    """The runtime's maintenance beside awa-sa's settles: with every ring rotating, the leader
+    seals and prunes the slots that hold awa-sa's closures and terminal rows. Each job still
+    runs once per step of its plan, nothing is left open or claimable, the claim ring's receipts
+    and closures and the completed and cancelled history are pruned with their slots (the
+    failed rows stay: the prune leaves them),
+    and the terminal count the runtime keeps for each queue is still its rows' after the prune."""
+
+    async def run() -> tuple[Handlers, dict[int, tuple[str, str]], dict[str, Any], int]:
+        async_engine = create_async_engine(real_db_url, pool_size=10, max_overflow=10)
+        handlers = Handlers(real_engine, async_engine)
+        client = awa.AsyncClient(pg_url(real_db_url))
+        client.task(Soak, queue="receipts")(handlers.for_runtime(0))
+        queues = [
+            {"name": "receipts", "max_workers": WORKERS},
+            {"name": "compact", "max_workers": WORKERS, "deadline_duration_ms": 0},
+        ]
+        jobs: dict[int, tuple[str, str]] = {}
+        await client.start(
+            queues,
+            promote_interval_ms=100,
+            queue_storage_queue_rotate_interval_ms=ROTATE_MS,
+            queue_storage_lease_rotate_interval_ms=ROTATE_MS,
+            queue_storage_claim_rotate_interval_ms=ROTATE_MS,
+        )
+        try:
+            for i in range(ROTATING_JOBS):
+                name, queue = plan_of(i), queue_of(i)
+                plan = PLANS[name]
+                job = await client.insert(
+                    Soak(n=i, plan=name),
+                    queue=queue,
+                    max_attempts=plan.max_attempts,
+                    tags=["soak", name] if plan.tagged else None,
+                )
+                jobs[job.id] = (name, queue)
+            deadline = time.monotonic() + WAIT_SECS
+            while not await asyncio.to_thread(_ran_every_step, real_engine, handlers, jobs):
+                if time.monotonic() > deadline:
+                    pytest.fail(f"not settled in {WAIT_SECS}s: {rows(real_engine, SETTLED)}")
+                await asyncio.sleep(0.5)
+            # Pruned with their slots: the completed and cancelled history (the failed rows
+            # stay, as the prune leaves them); the terminal count must not change.
+            failed = sum(1 for name, _ in jobs.values() if PLANS[name].ends == "failed")
+            left = ROTATING_JOBS
+            while time.monotonic() < deadline:
+                [row] = rows(real_engine, PRUNED)
+                left = row["terminal"]
+                if left == failed and row["claims"] == 0:
+                    break
+                await asyncio.sleep(0.5)
+            pruned = ROTATING_JOBS - left
+            stats = {s.queue: s for s in await client.queue_stats()}
+            health = await client.health_check()
+            assert health.healthy
+        finally:
+            await client.shutdown()
+            await client.close()
+            await async_engine.dispose()
+        return handlers, jobs, stats, pruned
+
+    handlers, jobs, stats, pruned = asyncio.run(run())
+    problems = []
+    for job_id, (name, _) in jobs.items():
+        mine = handlers.runs.get(job_id, [])
+        plan = PLANS[name]
+        if len(mine) != len(plan.steps):
+            problems.append(f"job {job_id} ({name}) ran {len(mine)} times")
+        problems += [
+            f"job {job_id} ({name}) run {r.step}: {r.outcome!r}"
+            for r in mine
+            if not outcome_fits(plan, r.step, r.outcome, job_id)
+        ]
+    assert not problems, "\n".join(problems[:30])
+    ends = Counter((queue, PLANS[name].ends) for name, queue in jobs.values())
+    kept = sum(n for (_, end), n in ends.items() if end == "failed")
+    assert pruned == ROTATING_JOBS - kept, f"{pruned} of {ROTATING_JOBS} terminal rows pruned"
+    assert rows(
+        real_engine, f"SELECT count(*) AS n FROM {QS}.terminal_jobs WHERE state <> 'failed'"
+    ) == [{"n": 0}]
+    # The claim ring is pruned too: every receipt and every closure awa-sa wrote, gone.
+    assert rows(real_engine, PRUNED)[0]["claims"] == 0
+    assert rows(real_engine, f"SELECT count(*) AS n FROM {QS}.deferred_jobs") == [{"n": 0}]
+    assert running_attempts(real_engine) == []
+    for row in rows(real_engine, COUNTED):  # the count follows the rows the prune left
+        kept_here = ends[(row["queue"], "failed")]
+        assert row["counted"] == row["rows"] == kept_here, row
+    for queue in ("receipts", "compact"):
+        s = stats[queue]
+        assert (s.total_queued, s.available, s.running, s.retryable) == (0, 0, 0, 0), s
+        assert s.failed == ends[(queue, "failed")], s
+
+
+def _ran_every_step(
+    engine: sa.Engine, handlers: Handlers, jobs: dict[int, tuple[str, str]]
+) -> bool:
+    """Every job has run each step of its plan, and nothing is deferred or open."""
+    if any(len(handlers.runs.get(j, [])) < len(PLANS[n].steps) for j, (n, _) in jobs.items()):
+        return False
+    [row] = rows(engine, SETTLED)
+    return (row["deferred"], row["available"]) == (0, 0) and not running_attempts(engine)

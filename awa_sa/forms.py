@@ -130,15 +130,15 @@ def _direct(engine: Engine, calls: Sequence[AnyCall]) -> list[Ending] | _Then:
         dbapi = fairy.dbapi_connection
         if dbapi is None or getattr(dbapi, "autocommit", False):
             return _Then(in_transaction, calls)
+        direct = Direct(engine, fairy)
         dbapi.autocommit = True
         try:
-            return _alone(Direct(engine, fairy), calls)
+            return _alone(direct, calls)
         finally:
             try:
                 dbapi.autocommit = False
             except Exception:  # whatever the driver raises, the connection goes
-                if fairy.is_valid:
-                    fairy.invalidate()
+                direct.invalidate()
     finally:
         fairy.close()  # the checkin: its events, the reset
 

@@ -77,9 +77,11 @@ def within(bind: Engine | Connection | Session, calls: Sequence[AnyCall]) -> lis
     Also the AsyncEngine form, run whole in one greenlet by :mod:`awa_sa.asyncio`. The Engine
     form first sends the one statement alone in autocommit (one round trip, committed by
     itself); only when it moved nothing and says the call must go on does it open a
-    transaction. Where no one would see the Connection (no listeners, echo or execution
-    options: :func:`~awa_sa.internals.direct_allowed`), that first try runs on the pooled
-    connection itself.
+    transaction. Where the statement may not run alone (:func:`_alone_in_autocommit`), the
+    first try is BEGIN, the statement and COMMIT. Where no one would see the Connection (no
+    listeners, echo or execution options: :func:`~awa_sa.internals.direct_allowed`), that
+    first try runs on the pooled connection itself, in autocommit or in the driver's own
+    transaction.
 
     The Engine form's checkout, BEGIN, COMMIT and checkin are translated by one ``try``, and
     :func:`~awa_sa.errors.translated` is entered only when something was raised: on the path
@@ -92,11 +94,12 @@ def within(bind: Engine | Connection | Session, calls: Sequence[AnyCall]) -> lis
                 bind = bind.connection()
         return in_transaction(bind, calls)
     try:
-        if not _alone_in_autocommit(bind):
+        alone = _alone_in_autocommit(bind)
+        if direct_allowed(bind):
+            first = _direct(bind, calls, autocommit=alone)
+        elif not alone:
             with bind.begin() as conn:
                 return in_transaction(conn, calls)
-        if direct_allowed(bind):
-            first = _direct(bind, calls)
         else:
             with bind.connect() as conn:
                 first = _on_connection(conn, calls)
@@ -123,14 +126,21 @@ class _Then:
         return self.step(conn, self.calls)
 
 
-def _direct(engine: Engine, calls: Sequence[AnyCall]) -> list[Ending] | _Then:
-    """The autocommit try on a pooled connection of *engine*'s, without a Connection."""
+def _direct(engine: Engine, calls: Sequence[AnyCall], *, autocommit: bool) -> list[Ending] | _Then:
+    """The first try on a pooled connection of *engine*'s, without a Connection: alone in
+    autocommit where the one statement may run so, else in the driver's own transaction,
+    committed when the try settled the call (what is left rolls back at checkin)."""
     fairy = checkout(engine)  # the pool's: its events, pre-ping
     try:
         dbapi = fairy.dbapi_connection
         if dbapi is None or getattr(dbapi, "autocommit", False):
             return _Then(in_transaction, calls)
         direct = Direct(engine, fairy)
+        if not autocommit:
+            first = _alone(direct, calls)
+            if isinstance(first, list):
+                direct.commit()
+            return first
         dbapi.autocommit = True
         try:
             return _alone(direct, calls)
@@ -196,8 +206,8 @@ def _alone_in_autocommit(engine: Engine) -> bool:
     """May the one statement run alone in autocommit, as it would inside this engine's BEGIN?
 
     A lone statement is its own READ COMMITTED transaction; an engine set to another
-    isolation level (or to AUTOCOMMIT, which the transaction path refuses) keeps the
-    two-statement path, and so does a driver whose statement is not one exchange
+    isolation level (or to AUTOCOMMIT, which the transaction path refuses) sends it inside
+    BEGIN at that level, and so does a driver whose statement is not one exchange
     (:data:`_SEVERAL_EXCHANGES`).
     """
     if engine.dialect.driver in _SEVERAL_EXCHANGES:

@@ -287,6 +287,13 @@ class Direct:
         if self.fairy.is_valid:
             self.fairy.invalidate(exc)
 
+    def commit(self) -> None:
+        """Commit the driver's transaction, as ``Connection.commit()`` would."""
+        try:
+            self.dialect.do_commit(self.fairy)  # as the Connection does: on the pool's proxy
+        except BaseException as exc:
+            self._failed(exc, None, None, None)
+
     def send(self, statement: str, parameters: Mapping[str, Any] | tuple[Any, ...]) -> Result[Any]:
         """*statement* with *parameters* on a cursor of its own, its rows fetched."""
         cursor = self.fairy.cursor()
@@ -302,9 +309,9 @@ class Direct:
     def _failed(
         self,
         exc: BaseException,
-        statement: str,
-        parameters: Mapping[str, Any] | tuple[Any, ...],
-        cursor: DBAPICursor,
+        statement: str | None,
+        parameters: Mapping[str, Any] | tuple[Any, ...] | None,
+        cursor: DBAPICursor | None,
     ) -> NoReturn:
         """Raise what a Connection would for *exc*; invalidate where it would."""
         dialect, error = self.dialect, self.dialect.loaded_dbapi.Error

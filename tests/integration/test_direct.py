@@ -149,3 +149,44 @@ def test_a_dead_connection_is_invalidated_with_the_pools_older_ones(db_url: str)
         )
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("level", ["pg8000", "SERIALIZABLE"])
+def test_a_call_that_may_not_run_alone_runs_in_the_drivers_transaction(
+    db_url: str, level: str
+) -> None:
+    """pg8000 (several exchanges per statement) and an engine at another isolation level keep
+    BEGIN: the direct path runs the try in the driver's own transaction, commits what it
+    settled and puts the connection back idle; a try that must go on rolls back and goes on
+    in a transaction of its own (here a shared key, one attempt at a time)."""
+    if level == "pg8000":
+        engine = sa.create_engine(driver_url(db_url, "pg8000"), pool_size=1)
+    else:
+        engine = sa.create_engine(db_url, pool_size=1, isolation_level=level)
+    try:
+        assert direct_allowed(engine)
+        with engine.begin() as conn:
+            job, other = insert_job(conn), insert_job(conn)
+        assert isinstance(
+            awa_sa.reschedule_canonical_attempt(engine, job, 1, SNOOZE), awa_sa.Rescheduled
+        )
+        batch = [awa_sa.Attempt(other, 1, SNOOZE), awa_sa.Attempt(other, 1, SNOOZE)]
+        outcomes = awa_sa.reschedule_canonical_attempts(engine, batch)
+        assert [type(o) for o in outcomes] == [awa_sa.Rescheduled, awa_sa.Stale]
+        with engine.connect() as conn:  # the pool's one connection, back out of its transaction
+            moved = sa.text("SELECT count(*) FROM awa.scheduled_jobs WHERE id IN (:a, :b)")
+            assert conn.execute(moved, {"a": job, "b": other}).scalar() == 2
+        observer = sa.create_engine(db_url, poolclass=sa.NullPool)
+        with observer.connect() as conn:
+            states = (
+                conn.exec_driver_sql(
+                    "SELECT state FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+                )
+                .scalars()
+                .all()
+            )
+        observer.dispose()
+        assert states == ["idle"]
+    finally:
+        engine.dispose()

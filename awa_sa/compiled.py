@@ -6,8 +6,8 @@ Our statements are immutable objects built once (:mod:`awa_sa.statements`), so t
 in advance: their identity, the dialect and the schema. The text is compiled once for that key,
 with the schema rendered in, and sent as ``Connection.exec_driver_sql`` sends driver SQL: the
 same connection, transaction, savepoints and events (``before_cursor_execute`` still fires),
-without the walk, and answered by a plain ``Result`` over the fetched rows rather than a
-``CursorResult`` built afresh each call (:func:`awa_sa.internals.lean_execute`).
+without the walk, and answered by the fetched rows rather than a ``CursorResult`` built afresh
+each call (:func:`awa_sa.internals.lean_execute`).
 
 The flow always speaks in named values. A named-parameter driver (psycopg 3, psycopg2) takes
 them as a dict; a positional one (asyncpg's ``$1``, pg8000's ``%s``) takes a tuple in the order
@@ -26,14 +26,14 @@ from dataclasses import dataclass
 from typing import Any
 from weakref import WeakKeyDictionary, ref
 
-from sqlalchemy import Connection, Result
+from sqlalchemy import Connection
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement
 
 from awa_sa.internals import Direct, lean_execute
 from awa_sa.queue_storage import translate_map
-from awa_sa.statements.registry import P, Query, R
+from awa_sa.statements.registry import P, Query, R, Rows
 
 Params = Mapping[str, Any] | tuple[Any, ...]
 """What the driver receives: named values, or positional ones in placeholder order."""
@@ -115,12 +115,11 @@ def execute(
     stmt: ClauseElement,
     params: Mapping[str, Any] | None = None,
     schema: str | None = None,
-) -> Result[Any]:
+) -> Rows:
     """Run *stmt* on *conn*: its compiled text and *params*, in whatever transaction is open.
 
-    As ``exec_driver_sql`` would, but answered by a plain ``Result`` over the fetched rows
-    (:func:`awa_sa.internals.lean_execute`), of which the statements' readers use only the
-    ``Result`` API.
+    As ``exec_driver_sql`` would, but answered by the fetched rows, as the statements' readers
+    take them (:func:`awa_sa.internals.fetched`).
     """
     text = compiled(stmt, conn.dialect, schema)
     return lean_execute(conn, text.sql, text.params(params or {}))

@@ -8,14 +8,14 @@ beside it fails if the internal it relies on moves.
 from __future__ import annotations
 
 import traceback
+from collections import namedtuple
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
 from sqlalchemy import Connection
-from sqlalchemy.engine import Dialect, Engine, IteratorResult, Result
+from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.engine.default import DefaultExecutionContext
 from sqlalchemy.engine.interfaces import DBAPICursor
-from sqlalchemy.engine.result import SimpleResultMetaData
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.pool import PoolProxiedConnection
@@ -144,39 +144,46 @@ def _compile_schema_translated(
 # and routes any error through ``_handle_dbapi_exception`` (translation, handle_error, the
 # disconnect check, invalidation). Only the result differs: the execution context is the
 # dialect's own class with ``_setup_result_proxy`` (the step that builds the CursorResult)
-# replaced by one that fetches the rows and hands them to an ``IteratorResult`` over metadata
-# built once per column-name tuple. Values are what the driver returned, as with driver SQL
-# before (no result processing there either). tests/integration/test_compiled.py.
+# replaced by one that fetches the rows (:func:`fetched`). Values are what the driver
+# returned, as with driver SQL before (no result processing there either).
+# tests/integration/test_compiled.py.
 
 
-def _lean_result(self: DefaultExecutionContext) -> Result[Any]:
+def _lean_result(self: DefaultExecutionContext) -> list[Any]:
     """``_setup_result_proxy`` of a lean context: the rows fetched, the cursor closed."""
     cursor = self.cursor
-    result = _fetched(self.statement, cursor)
+    rows = fetched(self.statement, cursor)
     cursor.close()
-    return result
+    return rows
 
 
-def _fetched(statement: str, cursor: DBAPICursor) -> Result[Any]:
-    """The rows *cursor* holds after running *statement*, as a plain ``Result``.
+def fetched(statement: str, cursor: DBAPICursor) -> list[Any]:
+    """The rows *cursor* holds after running *statement*: tuples with named fields.
 
-    The column names are read from the cursor description once per statement text (a text's
-    answer has the same columns every time), not on every call: psycopg 3 builds a ``Column``
-    object per column each time ``description`` is read.
+    Not a SQLAlchemy ``Result``: building one and reading its rows back through its key map
+    was a third of what the flow adds to a call in the client. A named tuple reads as a
+    ``Row`` does for the statements' readers (by position and by attribute). Its class is made
+    from the cursor description once per statement text, whose answer has the same columns
+    every time (psycopg 3 builds a ``Column`` object per column each time ``description`` is
+    read).
     """
-    metadata = _metadata.get(statement, _UNKNOWN)
-    if metadata is _UNKNOWN:
+    row = _row_types.get(statement, _UNKNOWN)
+    if row is _UNKNOWN:
         description = cursor.description
-        keys = None if description is None else [column[0] for column in description]
-        metadata = _metadata[statement] = None if keys is None else SimpleResultMetaData(keys)
-    rows = [] if metadata is None else cursor.fetchall()
-    return IteratorResult(metadata or _NO_COLUMNS, iter(rows))
+        names = None if description is None else [column[0] for column in description]
+        row = _row_types[statement] = None if names is None else _row_type(names)
+    return [] if row is None else list(map(row._make, cursor.fetchall()))
 
 
-_UNKNOWN = SimpleResultMetaData(["?"])
-_NO_COLUMNS = SimpleResultMetaData([])
-_metadata: dict[str, SimpleResultMetaData | None] = {}
-"""Per statement text (ours are a bounded set): its answer's columns, None for no rows."""
+def _row_type(names: list[str]) -> type[tuple[Any, ...]]:
+    """The named-tuple class of an answer with columns *names*: an unlabelled column (or a
+    name that is not an identifier) becomes ``_<position>``, and no reader reads it by name."""
+    return namedtuple("Row", names, rename=True)
+
+
+_UNKNOWN: Any = object()
+_row_types: dict[str, Any] = {}
+"""Per statement text (ours are a bounded set): its answer's row class, None for no rows."""
 
 _lean_contexts: dict[type[Any], type[DefaultExecutionContext]] = {}
 """The lean subclass of each dialect's execution context class."""
@@ -193,15 +200,14 @@ def _lean_context(dialect: Dialect) -> type[DefaultExecutionContext]:
 
 def lean_execute(
     conn: Connection, statement: str, parameters: Mapping[str, Any] | tuple[Any, ...]
-) -> Result[Any]:
-    """``conn.exec_driver_sql(statement, parameters)``, answered by an ``IteratorResult``.
+) -> list[Any]:
+    """``conn.exec_driver_sql(statement, parameters)``, answered by its rows (:func:`fetched`).
 
     ``_execute_context`` is declared to return a ``CursorResult``; the lean context makes it
-    return the ``IteratorResult``, whose ``Result`` API is all the statements' readers use
-    (tests/integration/test_compiled.py reads it both ways).
+    return the rows (tests/integration/test_compiled.py reads them both ways).
     """
     dialect = conn.dialect
-    result: Result[Any] = conn._execute_context(
+    rows: list[Any] = conn._execute_context(  # type: ignore[assignment]  # the lean context's
         dialect,
         _lean_context(dialect)._init_statement,
         statement,
@@ -210,7 +216,7 @@ def lean_execute(
         statement,
         [parameters],
     )
-    return result
+    return rows
 
 
 # --- the Engine form's direct path (awa_sa.forms) ---------------------------------------------
@@ -294,12 +300,12 @@ class Direct:
         except BaseException as exc:
             self._failed(exc, None, None, None)
 
-    def send(self, statement: str, parameters: Mapping[str, Any] | tuple[Any, ...]) -> Result[Any]:
+    def send(self, statement: str, parameters: Mapping[str, Any] | tuple[Any, ...]) -> list[Any]:
         """*statement* with *parameters* on a cursor of its own, its rows fetched."""
         cursor = self.fairy.cursor()
         try:
             cursor.execute(statement, parameters)
-            return _fetched(statement, cursor)
+            return fetched(statement, cursor)
         except BaseException as exc:
             self._failed(exc, statement, parameters, cursor)
         finally:

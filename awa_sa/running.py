@@ -117,7 +117,7 @@ def _read(conn: Connection, filters: Filters, *, own: bool) -> list[RunningAttem
     # Core execution, not awa_sa.compiled: these reads want SQLAlchemy's result processing
     # (JSON args, intervals) alike on every driver, and run once per listing, not per settle.
     binds = filter_binds(filters)
-    listing = CanonicalListing.read(conn.execute(canonical_attempts(), binds))
+    listing = CanonicalListing.read(conn.execute(canonical_attempts(), binds).all())
     found = [_attempt(row, CANONICAL) for row in listing.attempts]
     if listing.routing is None:
         return found
@@ -127,7 +127,7 @@ def _read(conn: Connection, filters: Filters, *, own: bool) -> list[RunningAttem
         # for PostgreSQL to JIT-compile the plan, a third of a second on a fresh cluster.
         conn.exec_driver_sql("SET LOCAL jit = off")
     statement = queue_storage_attempts(by_job=filters.job_id is not None)
-    receipts = listed(conn.execute(statement, binds, execution_options=options))
+    receipts = listed(conn.execute(statement, binds, execution_options=options).all())
     found += [_attempt(row, listing.routing) for row in receipts]
     found.sort(key=lambda a: (a.attempted_at, a.job_id, a.on_queue_storage))
     return found if filters.limit is None else found[: filters.limit]

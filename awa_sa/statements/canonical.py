@@ -16,7 +16,6 @@ from typing import Any, NamedTuple
 from sqlalchemy import (
     CTE,
     ColumnElement,
-    Result,
     Select,
     Text,
     and_,
@@ -44,7 +43,7 @@ from awa_sa.statements.attempts import (
     successor_state,
     take,
 )
-from awa_sa.statements.registry import Query, no_binds, statement
+from awa_sa.statements.registry import Query, Rows, no_binds, statement
 from awa_sa.statements.sql import head_row, head_then, representable, scalar
 from awa_sa.tables import pg_proc, scheduled_jobs, storage_transition_state
 
@@ -299,17 +298,16 @@ class Moved:
     """The queue-storage schema the routed move read (with ``GoOn.QUEUE_STORAGE``)."""
 
     @classmethod
-    def read(cls, result: Result[Any]) -> Moved:
-        rows = result.all()
-        flags = rows[0]._mapping
+    def read(cls, rows: Rows) -> Moved:
+        flags = rows[0]  # each moving statement has its own flags: a missing one is not set
         jobs = [MovedJob(r.id, r.run_lease, r.run_at, r.attempt) for r in rows if r.id is not None]
-        schema = flags.get("routing_schema")
+        schema = getattr(flags, "routing_schema", None)
         go_on = None
-        if flags.get("queue_storage") or schema is not None:
+        if getattr(flags, "queue_storage", False) or schema is not None:
             go_on = GoOn.QUEUE_STORAGE
-        elif not flags.get("guarded", True):
+        elif not getattr(flags, "guarded", True):
             go_on = GoOn.UNKNOWN_ROUTING
-        elif flags["shared_key"]:
+        elif flags.shared_key:
             go_on = GoOn.SHARED_KEY
         return cls(jobs, go_on, schema)
 
@@ -319,7 +317,7 @@ def _batch(items: Sequence[MoveItem]) -> bool:
 
 
 ROUTING_LOCK: Query[None, bool] = Query(
-    lambda _: routing_lock(), no_binds, lambda result: result.first() is not None
+    lambda _: routing_lock(), no_binds, lambda rows: len(rows) > 0
 )
 """True when the singleton was there to lock; no row means canonical routing."""
 

@@ -30,7 +30,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from awa_sa import queue_storage as qs
 from awa_sa.statements.migration import Successor, column_value, successor_binds
-from awa_sa.statements.registry import Query, no_binds, statement
+from awa_sa.statements.registry import Query, Rows, no_binds, statement
 from awa_sa.statements.sql import (
     EMPTY_ARRAY,
     EMPTY_OBJECT,
@@ -243,9 +243,8 @@ def _cancelled_binds(row: CancelledRow) -> dict[str, Any]:
     }
 
 
-def _ring(result: Any) -> Ring | None:
-    row = result.first()
-    return None if row is None else Ring(row.current_slot, row.generation)
+def _ring(rows: Rows) -> Ring | None:
+    return Ring(rows[0].current_slot, rows[0].generation) if rows else None
 
 
 def _nothing(_: object) -> None:
@@ -264,7 +263,7 @@ ENSURE_CLAIM_HEAD: Query[Lane, None] = Query(
 ENSURE_LANE_SEQUENCES: Query[Lane, None] = Query(
     lambda _: ensure_lane_sequences(), _lane_binds, _nothing
 )
-CLOCK: Query[None, str] = Query(lambda _: clock(), no_binds, lambda result: result.scalar_one())
+CLOCK: Query[None, str] = Query(lambda _: clock(), no_binds, lambda rows: rows[0][0])
 INSERT_CANCELLED: Query[CancelledRow, None] = Query(
     lambda _: insert_cancelled(), _cancelled_binds, _nothing
 )

@@ -25,7 +25,6 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     ColumnElement,
-    Result,
     Select,
     SmallInteger,
     Text,
@@ -43,7 +42,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from awa_sa.statements.attempts import guard, shared_key
-from awa_sa.statements.registry import Query, statement
+from awa_sa.statements.registry import Query, Rows, statement
 from awa_sa.statements.sql import (
     EMPTY_OBJECT,
     bound_row,
@@ -272,8 +271,7 @@ class Ended:
     """Where routing points, if queue storage: a bare pair was then not ended unless checked."""
 
     @classmethod
-    def read(cls, result: Result[Any]) -> Ended:
-        rows = result.all()
+    def read(cls, rows: Rows) -> Ended:
         answers = [Answer(r.id, r.run_lease, r.ended, r.attempt) for r in rows if r.id is not None]
         head = rows[0]
         return cls(answers, bool(head.shared_key), str(head.at), head.routing_schema)

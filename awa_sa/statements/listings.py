@@ -20,7 +20,6 @@ from sqlalchemy import (
     BigInteger,
     Integer,
     Interval,
-    Result,
     Select,
     SmallInteger,
     Subquery,
@@ -165,15 +164,11 @@ class Listed(NamedTuple):
     running_for: timedelta
 
 
-def _listed_rows(rows: Sequence[Any]) -> list[Listed]:
+def listed(rows: Sequence[Any]) -> list[Listed]:
+    """The attempts among the rows of a listing (:func:`queue_storage_attempts` too)."""
     return [
         Listed(*(getattr(r, name) for name in Listed._fields)) for r in rows if r.job_id is not None
     ]
-
-
-def listed(result: Result[Any]) -> list[Listed]:
-    """The rows of :func:`queue_storage_attempts`."""
-    return _listed_rows(result.all())
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +179,5 @@ class CanonicalListing:
     attempts: list[Listed]
 
     @classmethod
-    def read(cls, result: Result[Any]) -> CanonicalListing:
-        rows = result.all()
-        return cls(rows[0].routing, _listed_rows(rows))
+    def read(cls, rows: Sequence[Any]) -> CanonicalListing:
+        return cls(rows[0].routing, listed(rows))

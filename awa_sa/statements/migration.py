@@ -19,7 +19,6 @@ from sqlalchemy import (
     ColumnElement,
     Insert,
     LargeBinary,
-    Result,
     Select,
     Text,
     bindparam,
@@ -47,7 +46,7 @@ from awa_sa.statements.attempts import (
     successor_state,
     take,
 )
-from awa_sa.statements.registry import Query, statement
+from awa_sa.statements.registry import Query, Rows, statement
 from awa_sa.statements.sql import (
     EMPTY_ERRORS,
     EMPTY_OBJECT,
@@ -269,8 +268,7 @@ class Taken:
     """``(index, jsonb_typeof)`` of taken items whose metadata is not a JSON object."""
 
     @classmethod
-    def read(cls, result: Result[Any]) -> Taken:
-        rows = result.all()
+    def read(cls, rows: Rows) -> Taken:
         jobs, not_objects = [], []
         for r in rows:
             if r.ord is None:
@@ -309,6 +307,6 @@ INSERT_DEFERRED: Query[Sequence[Successor], None] = Query(
 CLAIM_UNIQUE_KEYS: Query[Sequence[Claim], set[int]] = Query(
     lambda claims: claim_unique_keys(batch=_batch(claims)),
     _claim_binds,
-    lambda result: set(result.scalars()),
+    lambda rows: {row[0] for row in rows},
 )
 """The job ids whose claims were acquired; a missing one is held by another job."""

@@ -40,7 +40,6 @@ from sqlalchemy import (
     Double,
     Insert,
     Integer,
-    Result,
     Select,
     SmallInteger,
     Table,
@@ -68,7 +67,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from awa_sa import queue_storage as qs
 from awa_sa.statements.duplicate import insert_terminal_delta
 from awa_sa.statements.endings import rfc3339
-from awa_sa.statements.registry import Query, statement
+from awa_sa.statements.registry import Query, Rows, statement
 from awa_sa.statements.sql import (
     EMPTY_ARRAY,
     EMPTY_OBJECT,
@@ -734,8 +733,8 @@ class Settled(NamedTuple):
     """The re-scheduled row's ``run_at`` and ``attempt``."""
 
     @classmethod
-    def read(cls, result: Result[Any]) -> Settled:
-        row = result.one()
+    def read(cls, rows: Rows) -> Settled:
+        (row,) = rows
         return cls(bool(row.materialised), row.job_id, row.next_state, row.run_at, row.attempt)
 
 
@@ -744,7 +743,7 @@ def _lock_binds(items: Sequence[ReceiptItem]) -> Mapping[str, Any]:
 
 
 RECEIPT_LOCKS: Query[Sequence[ReceiptItem], None] = Query(
-    lambda items: receipt_lock(batch=len(items) > 1), _lock_binds, lambda result: None
+    lambda items: receipt_lock(batch=len(items) > 1), _lock_binds, lambda _: None
 )
 SETTLE_RECEIPT: Query[ReceiptItem, Settled] = Query(
     lambda _: settle_receipt(), _binds, Settled.read

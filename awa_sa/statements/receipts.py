@@ -331,6 +331,6 @@ def _pair_binds(items: Sequence[Pair]) -> Mapping[str, Any]:
 OPEN_CLAIMS: Query[Sequence[Pair], dict[tuple[int, int], bool]] = Query(
     lambda items: open_claims(batch=len(items) > 1),
     _pair_binds,
-    lambda result: {(row.job_id, row.run_lease): bool(row.canonical_too) for row in result},
+    lambda rows: {(row.job_id, row.run_lease): bool(row.canonical_too) for row in rows},
 )
 """The asked pairs an open claim of the schema holds: pair -> whether canonical has it too."""

@@ -12,19 +12,22 @@ SQL that defines them; the flow speaks only in fields.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial, wraps
 from itertools import product
 from typing import Any, Generic, Literal, ParamSpec, TypeVar, get_args, get_origin, get_type_hints
 
-from sqlalchemy import Result
 from sqlalchemy.sql.elements import ClauseElement
 
 _P = ParamSpec("_P")
 _S = TypeVar("_S")
 P = TypeVar("P")
 R = TypeVar("R")
+
+Rows = Sequence[Any]
+"""A statement's answer as the statements' readers take it: its rows, each a tuple with its
+columns as attributes too (:func:`awa_sa.internals.fetched`)."""
 
 _BUILDERS: list[Callable[..., Any]] = []
 """Every statement builder, in definition order: ``@statement`` adds it, ``all_builders`` reads."""
@@ -58,12 +61,12 @@ class Query(Generic[P, R]):
 
     ``shape`` picks the memoised statement for the parameters (the batch shape for more than
     one row), ``binds`` lays them out under the statement's bind names, and ``read`` turns the
-    result into ``R``. :func:`awa_sa.compiled.run` is the one place that executes one.
+    rows into ``R``. :func:`awa_sa.compiled.run` is the one place that executes one.
     """
 
     shape: Callable[[P], ClauseElement]
     binds: Callable[[P], Mapping[str, Any]]
-    read: Callable[[Result[Any]], R]
+    read: Callable[[Rows], R]
 
 
 def no_binds(_: object) -> Mapping[str, Any]:

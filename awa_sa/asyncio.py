@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from awa_sa import forms
 from awa_sa.calls import AnyCall, prepare, prepare_all, prepare_batch, prepare_result
 from awa_sa.drivers import check_dialect
-from awa_sa.errors import ValidationError
+from awa_sa.errors import ValidationError, translated_error
 from awa_sa.internals import greenlet_spawn
 from awa_sa.kinds import Attempt, Ending, Kind, Outcome, Result, Settle, Settlement
 from awa_sa.reschedule import settling, settlings
@@ -160,4 +160,4 @@ async def _within(
         return await bind.run_sync(forms.in_transaction, calls)
     except Exception as exc:
         # translated() entered only once something was raised (as in awa_sa.forms)
-        raise forms.translated_error(exc)  # noqa: B904 -- translated() chained it already
+        raise translated_error(exc)  # noqa: B904 -- translated() chained it already

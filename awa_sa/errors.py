@@ -348,3 +348,17 @@ def translated() -> Iterator[None]:
         raise DatabaseError(str(exc).strip()) from exc
     except OSError as exc:  # asyncpg's refused connect, pg8000's reset socket
         raise (refused(exc) if while_connecting(exc) else connection_lost(exc)) from exc
+
+
+def translated_error(exc: Exception) -> Exception:
+    """*exc* as :func:`translated` lets it out (itself when already ours).
+
+    For the paths of every call, which enter :func:`translated` only once something was
+    raised: a call that succeeds never pays for the context manager.
+    """
+    try:
+        with translated():
+            raise exc
+    except Exception as out:  # handed back, to be raised by the caller
+        return out
+    return exc  # not reached: translated() lets every exception out

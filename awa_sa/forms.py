@@ -21,7 +21,13 @@ from awa_sa import flow
 from awa_sa.calls import AnyCall, Call, EndCall
 from awa_sa.compiled import Runner
 from awa_sa.drivers import check_dialect
-from awa_sa.errors import CONNECTION_LOST, DatabaseError, ValidationError, translated
+from awa_sa.errors import (
+    CONNECTION_LOST,
+    DatabaseError,
+    ValidationError,
+    translated,
+    translated_error,
+)
 from awa_sa.internals import (
     Direct,
     autocommit_off,
@@ -232,17 +238,3 @@ def _guarded(conn: _R, flow_step: Callable[[_R, _C], _T], calls: _C) -> _T:
             with suppress(Exception):
                 conn.invalidate()
         raise error  # noqa: B904 -- translated() chained it already
-
-
-def translated_error(exc: Exception) -> Exception:
-    """*exc* as :func:`~awa_sa.errors.translated` lets it out (itself when already ours).
-
-    Entered only once something was raised, so a call that succeeds never pays for the context
-    manager, and the translation stays the one in :mod:`awa_sa.errors`.
-    """
-    try:
-        with translated():
-            raise exc
-    except Exception as out:  # handed back, to be raised by the caller
-        return out
-    return exc  # not reached: translated() lets every exception out

@@ -271,6 +271,10 @@ def checkout(engine: Engine) -> PoolProxiedConnection:
         Connection._handle_dbapi_exception_noconnection(exc, engine.dialect, engine)
 
 
+_COMMIT_AS_QUERY = frozenset({"pg8000"})
+"""Drivers whose ``commit()`` costs more exchanges than COMMIT sent as a plain query."""
+
+
 class Direct:
     """A pooled connection that runs our statement texts on its own cursor.
 
@@ -294,7 +298,15 @@ class Direct:
             self.fairy.invalidate(exc)
 
     def commit(self) -> None:
-        """Commit the driver's transaction, as ``Connection.commit()`` would."""
+        """Commit the driver's transaction, as ``Connection.commit()`` would.
+
+        pg8000's ``commit()`` sends COMMIT as an unnamed prepared statement, three exchanges
+        with the server; on a cursor without parameters the same COMMIT is one simple query,
+        and pg8000 reads the transaction's end from the server's answer either way.
+        """
+        if self.dialect.driver in _COMMIT_AS_QUERY:
+            self.send("COMMIT", ())
+            return
         try:
             self.dialect.do_commit(self.fairy)  # as the Connection does: on the pool's proxy
         except BaseException as exc:

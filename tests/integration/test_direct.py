@@ -190,3 +190,33 @@ def test_a_call_that_may_not_run_alone_runs_in_the_drivers_transaction(
         assert states == ["idle"]
     finally:
         engine.dispose()
+
+
+def test_pg8000_commits_in_one_exchange(db_url: str) -> None:
+    """Its own commit() is three exchanges (an unnamed prepared COMMIT); the direct path's is
+    a simple query: BEGIN, the statement's three, COMMIT."""
+    engine = sa.create_engine(driver_url(db_url, "pg8000"), pool_size=1)
+    try:
+        with engine.begin() as conn:
+            job = insert_job(conn)
+        _warm(engine, 1)
+        with engine.connect() as conn:
+            pg8000 = conn.connection.dbapi_connection
+        sent: list[str] = []
+        sock = pg8000._sock  # type: ignore[union-attr]
+        flush = sock.flush
+
+        def counted() -> None:
+            sent.append("flush")  # each exchange ends with a flush, then waits for the answer
+            flush()
+
+        sock.flush = counted
+        try:
+            outcome = awa_sa.reschedule_canonical_attempt(engine, job, 1, SNOOZE)
+        finally:
+            sock.flush = flush
+        assert isinstance(outcome, awa_sa.Rescheduled)
+        assert len(sent) == 5
+        assert not pg8000._in_transaction  # type: ignore[union-attr]
+    finally:
+        engine.dispose()

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 import psycopg
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import Engine, make_url
 
 from awa_sa.compiled import Compiled
 from bench.workload import move_values
@@ -248,3 +248,35 @@ def asyncpg_one_floor(dsn: str, one: Compiled, loop: asyncio.AbstractEventLoop) 
         return await conn.fetch(one.sql, *one.params(move_values(job_id, lease)))
 
     return blocking(loop, op), lambda: loop.run_until_complete(conn.close())
+
+
+# -- the one statement on a pooled connection: what the Engine form keeps, and nothing else
+
+
+def pool_floor(engine: Engine, one: Compiled) -> Op:
+    """The one statement on a connection of *engine*'s pool, with no Connection and nothing of
+    awa-sa around it: the checkout and checkin (events, reset), the autocommit switch (pg8000:
+    the driver's BEGIN and COMMIT sent as a query, as the Engine form sends them), the
+    statement and its rows. The Engine form can be no cheaper than this."""
+    alone = engine.dialect.driver != "pg8000"
+
+    def op(job_id: int, lease: int) -> Any:
+        fairy = engine.raw_connection()
+        try:
+            dbapi = fairy.dbapi_connection
+            assert dbapi is not None
+            cursor = fairy.cursor()
+            if alone:
+                dbapi.autocommit = True
+            cursor.execute(one.sql, one.params(move_values(job_id, lease)))
+            rows = cursor.fetchall()
+            if alone:
+                dbapi.autocommit = False
+            else:
+                cursor.execute("COMMIT", ())
+            cursor.close()
+            return rows
+        finally:
+            fairy.close()
+
+    return op

@@ -1,7 +1,8 @@
 """Every way the bench reschedules one canonical attempt, grouped by driver.
 
 Per driver: the raw floors (:mod:`bench.floor`: BEGIN/lock/move/COMMIT; its lock and move
-inside an open transaction; the one statement alone in autocommit); SQLAlchemy's minimal path,
+inside an open transaction; the one statement alone in autocommit; the same on a connection of
+the engine's pool, the least the Engine form keeps: "pool floor"); SQLAlchemy's minimal path,
 ``exec_driver_sql`` of the one statement's text with its rows read, through an ``Engine`` (or
 ``AsyncEngine``) made with ``isolation_level="AUTOCOMMIT"`` and through a held ``Connection``;
 and awa-sa in the same two forms. The SQLAlchemy rows show how much of the gap between awa-sa
@@ -29,6 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 from awa_sa import asyncio as awa_async
 from awa_sa import reschedule_canonical_attempt
 from awa_sa.errors import AwaSAError
+from awa_sa.internals import greenlet_spawn
 from bench import floor
 from bench.floor import Close, Floor, Op, Step, blocking
 from bench.workload import KIND, Jobs, canonical_texts, move_values, one_statement_text
@@ -131,6 +133,7 @@ def _sync_driver(out: Variants, driver: Driver, url: str, dsn: str, jobs: Jobs) 
         Variant(g, "floor", two.op),
         Variant(g, "in-transaction floor", two.lock_and_move, _open(two), two.commit),
         Variant(g, "one-statement floor", one_op),
+        Variant(g, "pool floor", floor.pool_floor(engine, one)),
         Variant(g, "SQLAlchemy Engine", sa_engine),
         Variant(g, "SQLAlchemy Connection", sa_connection, begin, held.commit),
     ]
@@ -175,6 +178,11 @@ def _async_driver(
         params = one.params(move_values(job_id, lease))
         return (await held.exec_driver_sql(one.sql, params)).all()
 
+    pooled = floor.pool_floor(engine.sync_engine, one)
+
+    async def pool(job_id: int, lease: int) -> Any:
+        return await greenlet_spawn(pooled, job_id, lease)  # as the AsyncEngine form runs
+
     async def awa_engine(job_id: int, lease: int) -> Any:
         return await awa_async.reschedule_canonical_attempt(engine, job_id, lease, KIND)
 
@@ -186,6 +194,7 @@ def _async_driver(
         Variant(g, "floor", two.op),
         Variant(g, "in-transaction floor", two.lock_and_move, _open(two), two.commit),
         Variant(g, "one-statement floor", one_op),
+        Variant(g, "pool floor", blocking(loop, pool)),
         Variant(g, "SQLAlchemy AsyncEngine", blocking(loop, sa_engine)),
         Variant(g, "SQLAlchemy AsyncConnection", blocking(loop, sa_connection), begin, commit),
     ]

@@ -45,6 +45,7 @@ VARIANTS = {
         "floor",
         "in-transaction floor",
         "one-statement floor",
+        "pool floor",
         *(f"SQLAlchemy {name}" for name in forms),
         *(f"awa-sa {name}" for name in forms),
     )

@@ -4,13 +4,18 @@ A variant's untimed steps (the Connection forms' open transaction and its commit
 each call, outside the clock and outside the round-trip count.
 
 Drift on a busy machine (other processes, autovacuum, a warming cache) then lands on every
-variant alike, and medians resist outliers. Besides wall time, each call's CPU time in this
-thread (the client's Python, the driver and its system calls) is kept: the server's share of a
-call is the same for every variant, so the CPU column says where a gap comes from.
+variant alike, and medians resist outliers. The variants run in a new order every round (the
+same shuffles every run), so that none keeps one neighbour: a call runs faster after one that
+warmed the same code (seen: psycopg's Engine form at 1.37x its one-statement floor in the
+fixed order, 1.21-1.25x once a variant on the same pool ran just before it). Besides wall
+time, each call's CPU time in this thread (the client's Python, the driver and its system
+calls) is kept: the server's share of a call is the same for every variant, so the CPU column
+says where a gap comes from.
 """
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -51,7 +56,9 @@ def interleave(
     jobs.seed(len(variants) * (warmup + rounds * per_round))
     samples = {v.name: Samples() for v in variants}
     for round_ in range(rounds + 1):
-        for variant in variants:
+        order = list(variants)
+        random.Random(round_).shuffle(order)  # a new order, so new neighbours, every round
+        for variant in order:
             s = samples[variant.name]
             counter = count if round_ else None
             for job_id, lease in jobs.take(warmup if round_ == 0 else per_round):

@@ -35,6 +35,7 @@ from awa_sa.internals import (
     checkout,
     connect_isolation_level,
     direct_allowed,
+    in_autocommit,
 )
 from awa_sa.kinds import Ending
 
@@ -108,7 +109,7 @@ def within(bind: Engine | Connection | Session, calls: Sequence[AnyCall]) -> lis
                 return in_transaction(conn, calls)
         else:
             with bind.connect() as conn:
-                first = _on_connection(conn, calls)
+                first = _autocommit_try(conn, calls)
                 if not isinstance(first, list):
                     conn.rollback()  # ends SQLAlchemy's autobegun transaction; nothing to send
                     with conn.begin():
@@ -138,36 +139,28 @@ def _direct(engine: Engine, calls: Sequence[AnyCall], *, autocommit: bool) -> li
     committed when the try settled the call (what is left rolls back at checkin)."""
     fairy = checkout(engine)  # the pool's: its events, pre-ping
     try:
-        dbapi = fairy.dbapi_connection
-        if dbapi is None or getattr(dbapi, "autocommit", False):
-            return _Then(in_transaction, calls)
         direct = Direct(engine, fairy)
-        if not autocommit:
-            first = _alone(direct, calls)
-            if isinstance(first, list):
-                direct.commit()
-            return first
-        dbapi.autocommit = True
-        try:
-            return _alone(direct, calls)
-        finally:
-            try:
-                dbapi.autocommit = False
-            except Exception:  # whatever the driver raises, the connection goes
-                direct.invalidate()
+        if autocommit:
+            return _autocommit_try(direct, calls)
+        if fairy.dbapi_connection is None or in_autocommit(direct):
+            return _Then(in_transaction, calls)
+        first = _alone(direct, calls)
+        if isinstance(first, list):
+            direct.commit()
+        return first
     finally:
         fairy.close()  # the checkin: its events, the reset
 
 
-def _on_connection(conn: Connection, calls: Sequence[AnyCall]) -> list[Ending] | _Then:
-    """The autocommit try on a Connection, for an engine whose Connection someone sees."""
-    dbapi = autocommit_on(conn)
+def _autocommit_try(runner: Runner, calls: Sequence[AnyCall]) -> list[Ending] | _Then:
+    """:func:`_alone` with *runner*'s driver connection in autocommit, switched back after."""
+    dbapi = autocommit_on(runner)
     if dbapi is None:
         return _Then(in_transaction, calls)
     try:
-        return _alone(conn, calls)
+        return _alone(runner, calls)
     finally:
-        autocommit_off(conn, dbapi)
+        autocommit_off(runner, dbapi)
 
 
 def _alone(runner: Runner, calls: Sequence[AnyCall]) -> list[Ending] | _Then:

@@ -72,7 +72,7 @@ def connect_isolation_level(engine: Engine) -> str | None:
     return None if level is None else str(level)
 
 
-def in_autocommit(conn: Connection) -> bool:
+def in_autocommit(conn: Connection | Direct) -> bool:
     """Whether *conn*'s driver connection commits each statement by itself.
 
     Every supported driver's connection (or SQLAlchemy's async adapter of it) has an
@@ -81,7 +81,7 @@ def in_autocommit(conn: Connection) -> bool:
     return bool(getattr(conn.connection.dbapi_connection, "autocommit", False))
 
 
-def autocommit_on(conn: Connection) -> Any | None:
+def autocommit_on(conn: Connection | Direct) -> Any | None:
     """*conn*'s driver connection switched to autocommit; None when it cannot be (no driver
     connection, or in autocommit already). :func:`autocommit_off` switches it back.
 
@@ -100,7 +100,7 @@ def autocommit_on(conn: Connection) -> Any | None:
     return dbapi
 
 
-def autocommit_off(conn: Connection, dbapi: Any) -> None:
+def autocommit_off(conn: Connection | Direct, dbapi: Any) -> None:
     """Back out of :func:`autocommit_on`; a connection that cannot be switched back is
     invalidated, never returned to the pool in autocommit."""
     try:
@@ -288,6 +288,11 @@ class Direct:
         self.engine = engine
         self.dialect = engine.dialect
         self.fairy = fairy
+
+    @property
+    def connection(self) -> PoolProxiedConnection:
+        """The pooled connection, as ``Connection.connection`` is."""
+        return self.fairy
 
     @property
     def invalidated(self) -> bool:

@@ -158,6 +158,31 @@ def outcome_fits(plan: Plan, step: int, outcome: object, job_id: int) -> bool:
     return isinstance(outcome, Rescheduled) and outcome.job_id == job_id
 
 
+def plan_problems(jobs: dict[int, tuple[str, str]], runs: dict[int, list[Run]]) -> list[str]:
+    """What went against each job's plan: a job that did not run once per step, or a run that
+    awa-sa did not settle as its step's result implies."""
+    problems: list[str] = []
+    for job_id, (name, _) in jobs.items():
+        plan = PLANS[name]
+        mine = runs.get(job_id, [])
+        if len(mine) != len(plan.steps):
+            problems.append(f"job {job_id} ({name}) ran {len(mine)} times")
+            continue
+        problems += [
+            f"job {job_id} ({name}) run {run.step}: {run.outcome!r}"
+            for run in mine
+            if not outcome_fits(plan, run.step, run.outcome, job_id)
+        ]
+    return problems
+
+
+QUEUES = [
+    {"name": "receipts", "max_workers": WORKERS},
+    {"name": "compact", "max_workers": WORKERS, "deadline_duration_ms": 0},
+]
+"""The two queues: the default deadline, and none (compact claims: lease_claim_batches)."""
+
+
 def plan_of(i: int) -> str:
     """The plan of job *i*: by its place in each hundred, so every run has the same mix."""
     k = i % 100
@@ -330,17 +355,13 @@ def soak(url: str, engine: sa.Engine) -> Soaked:
             # One kind on both queues: the runtime dispatches by kind whatever the queue.
             client.task(Soak, queue="receipts")(handlers.for_runtime(r))
             clients.append(client)
-        queues = [
-            {"name": "receipts", "max_workers": WORKERS},
-            {"name": "compact", "max_workers": WORKERS, "deadline_duration_ms": 0},
-        ]
         jobs: dict[int, tuple[str, str]] = {}
         started: list[awa.AsyncClient] = []
         seconds: dict[str, float] = {}
         try:
             for client in clients:
                 await client.start(
-                    queues,
+                    QUEUES,
                     promote_interval_ms=100,
                     queue_storage_queue_rotate_interval_ms=STILL,
                     queue_storage_lease_rotate_interval_ms=STILL,
@@ -441,16 +462,7 @@ def test_queue_storage_attempts_settled_by_awa_sa_beside_three_runtimes(
     assert len(jobs) == JOBS
 
     # Every handler run: the step its plan says, settled by awa-sa as the result implies.
-    problems: list[str] = []
-    for job_id, (name, _) in jobs.items():
-        plan = PLANS[name]
-        mine = runs.get(job_id, [])
-        if len(mine) != len(plan.steps):
-            problems.append(f"job {job_id} ({name}) ran {len(mine)} times")
-            continue
-        for run in mine:
-            if not outcome_fits(plan, run.step, run.outcome, job_id):
-                problems.append(f"job {job_id} ({name}) run {run.step}: {run.outcome!r}")
+    problems = plan_problems(jobs, runs)
     assert not problems, "\n".join(problems[:30])
     assert set(runs) == set(jobs)
     all_runs = [run for mine in runs.values() for run in mine]
@@ -551,13 +563,9 @@ def test_rings_rotate_and_prune_around_attempts_awa_sa_settled(
         handlers = Handlers(real_engine, async_engine)
         client = awa.AsyncClient(pg_url(real_db_url))
         client.task(Soak, queue="receipts")(handlers.for_runtime(0))
-        queues = [
-            {"name": "receipts", "max_workers": WORKERS},
-            {"name": "compact", "max_workers": WORKERS, "deadline_duration_ms": 0},
-        ]
         jobs: dict[int, tuple[str, str]] = {}
         await client.start(
-            queues,
+            QUEUES,
             promote_interval_ms=100,
             queue_storage_queue_rotate_interval_ms=ROTATE_MS,
             queue_storage_lease_rotate_interval_ms=ROTATE_MS,
@@ -600,17 +608,7 @@ def test_rings_rotate_and_prune_around_attempts_awa_sa_settled(
         return handlers, jobs, stats, pruned
 
     handlers, jobs, stats, pruned = asyncio.run(run())
-    problems = []
-    for job_id, (name, _) in jobs.items():
-        mine = handlers.runs.get(job_id, [])
-        plan = PLANS[name]
-        if len(mine) != len(plan.steps):
-            problems.append(f"job {job_id} ({name}) ran {len(mine)} times")
-        problems += [
-            f"job {job_id} ({name}) run {r.step}: {r.outcome!r}"
-            for r in mine
-            if not outcome_fits(plan, r.step, r.outcome, job_id)
-        ]
+    problems = plan_problems(jobs, handlers.runs)
     assert not problems, "\n".join(problems[:30])
     ends = Counter((queue, PLANS[name].ends) for name, queue in jobs.values())
     kept = sum(n for (_, end), n in ends.items() if end == "failed")

@@ -32,6 +32,7 @@ _PREFIXES = [
     ("SAVEPOINT", "savepoint"),
 ]
 _STEPS = [  # the first that occurs in the statement wins
+    ("CAST(hot.state AS TEXT) AS ended", "end"),
     ("to_regprocedure(", "one statement"),
     ("awa.receipt.complete:", "receipt locks"),
     ("receipt_completion_batches", "settle receipt"),

@@ -226,6 +226,26 @@ def _bodies_known() -> ColumnElement[bool]:
     return found == literal_column(str(len(ROUTING_BODY_MD5)))
 
 
+def queue_storage_schema() -> ColumnElement[Any]:
+    """``awa.active_queue_storage_schema()``, called only where routing may not be canonical.
+
+    The function (plpgsql, with its own ``search_path``, so never inlined) costs about as much
+    server time as a small statement. Where the installed bodies are the known ones and the
+    singleton's engine, as :func:`_active_engine` computes it, is not queue storage, the
+    function would return NULL: that is said without calling it (CASE evaluates only the branch
+    it takes). The singleton is read in the statement's snapshot, as the STABLE function reads
+    it; nothing is locked.
+    """
+    state = storage_transition_state.alias("transition")
+    found = select(_active_engine(state)).where(state.c.singleton).scalar_subquery()
+    engine = func.coalesce(found, literal_column("'canonical'"), type_=Text)
+    canonical = and_(_bodies_known(), engine != literal_column("'queue_storage'"))
+    return case(
+        (canonical, cast(null(), Text)),
+        else_=func.awa.active_queue_storage_schema(type_=Text),
+    )
+
+
 def _routed_head(routing: CTE, firsts: CTE, batch: bool) -> CTE:
     """The first row: ``queue_storage``, ``guarded``, ``shared_key``, in that order of work.
 

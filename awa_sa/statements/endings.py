@@ -42,6 +42,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from awa_sa.statements.attempts import guard, shared_key
+from awa_sa.statements.canonical import queue_storage_schema
 from awa_sa.statements.registry import Query, Rows, statement
 from awa_sa.statements.sql import (
     EMPTY_OBJECT,
@@ -171,7 +172,7 @@ def end_attempts(*, batch: bool) -> Select[Any]:
     head = head_row(
         shared_key(asked, batch).label("shared_key"),
         rfc3339(func.now()).label("at"),
-        func.awa.active_queue_storage_schema(type_=Text).label("routing_schema"),
+        queue_storage_schema().label("routing_schema"),
     )
     hot: Any = jobs_hot.alias("hot")
     unshared = ~scalar(head, "shared_key")

@@ -37,6 +37,8 @@ from test_batch import NO_NOW, Run, _normal_outcome, tables
 from awa_sa import (
     Attempt,
     AwaSAError,
+    Complete,
+    Completed,
     DatabaseError,
     Kind,
     Migrated,
@@ -50,6 +52,7 @@ from awa_sa import (
     forms,
     reschedule_canonical_attempt,
     reschedule_canonical_attempts,
+    settle_canonical_attempt,
     statements,
 )
 from awa_sa import flow as awa_flow
@@ -293,6 +296,32 @@ def _replace(conn: sa.Connection, function: str, body: str) -> None:
 def _installed(conn: sa.Connection, function: str) -> str:
     sql = "SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure(:f)"
     return str(conn.execute(sa.text(sql), {"f": function}).scalar_one())
+
+
+@pytest.mark.parametrize("function", [_ENGINE_BODY, _SCHEMA_BODY])
+def test_an_ending_asks_a_replaced_routing_function(cluster: Cluster, function: str) -> None:
+    """An ending calls the routing function only where the copied bodies do not say canonical.
+    A replaced body is asked: one that routes to queue storage has a bare pair's ending look
+    for an open claim there first, then end it (there is none)."""
+    engine = cluster.engine
+    jobs = _seed(engine, 2)
+    with engine.begin() as conn:
+        original = _installed(conn, function)
+    try:
+        with recording(engine, step, events=()) as seen:
+            assert settle_canonical_attempt(engine, jobs[0], 2, Complete()) == Completed(jobs[0])
+        assert seen == ["end"]
+        with engine.begin() as conn:
+            if function == _ENGINE_BODY:
+                _replace(conn, function, "SELECT 'queue_storage'::text")
+            else:
+                _replace(conn, function, f"BEGIN RETURN '{SCHEMA}'; END")
+        with recording(engine, step, events=()) as seen:
+            assert settle_canonical_attempt(engine, jobs[1], 2, Complete()) == Completed(jobs[1])
+        assert seen == ["end", "open claims", "end"]
+    finally:
+        with engine.begin() as conn:
+            _replace(conn, function, original)
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ import psycopg
 from sqlalchemy.engine import Engine, make_url
 
 from awa_sa.compiled import Compiled
+from awa_sa.internals import greenlet_spawn
 from bench.workload import move_values
 
 Op = Callable[[int, int], Any]
@@ -278,5 +279,33 @@ def pool_floor(engine: Engine, one: Compiled) -> Op:
             return rows
         finally:
             fairy.close()
+
+    return op
+
+
+def native_pool_floor(engine: Engine, one: Compiled) -> Callable[[int, int], Awaitable[Any]]:
+    """The async pool floor with the statement sent on the driver's own connection, not
+    through SQLAlchemy's adapter of it: the checkout and the checkin each in a greenlet (the
+    pool is sync code, and may await: a new connection, pre-ping, the reset), the statement
+    awaited natively between them. What an AsyncEngine form would cost that kept the pool and
+    went around everything else SQLAlchemy has (docs/performance.md)."""
+    asyncpg = engine.dialect.driver == "asyncpg"
+
+    async def op(job_id: int, lease: int) -> Any:
+        fairy = await greenlet_spawn(engine.raw_connection)
+        try:
+            conn: Any = fairy.driver_connection
+            values = one.params(move_values(job_id, lease))
+            if asyncpg:  # outside a transaction, asyncpg's statement commits by itself
+                return await conn.fetch(one.sql, *values)
+            await conn.set_autocommit(True)
+            cursor = conn.cursor()
+            await cursor.execute(one.sql, values)
+            rows = await cursor.fetchall()
+            await conn.set_autocommit(False)
+            await cursor.close()
+            return rows
+        finally:
+            await greenlet_spawn(fairy.close)
 
     return op

@@ -2,7 +2,9 @@
 
 Per driver: the raw floors (:mod:`bench.floor`: BEGIN/lock/move/COMMIT; its lock and move
 inside an open transaction; the one statement alone in autocommit; the same on a connection of
-the engine's pool, the least the Engine form keeps: "pool floor"); SQLAlchemy's minimal path,
+the engine's pool, the least the Engine form keeps: "pool floor"; async drivers also with the
+statement sent on the driver's own connection between the pool's checkout and checkin: "pool
+floor, native"); SQLAlchemy's minimal path,
 ``exec_driver_sql`` of the one statement's text with its rows read, through an ``Engine`` (or
 ``AsyncEngine``) made with ``isolation_level="AUTOCOMMIT"`` and through a held ``Connection``;
 and awa-sa in the same two forms. The SQLAlchemy rows show how much of the gap between awa-sa
@@ -195,6 +197,11 @@ def _async_driver(
         Variant(g, "in-transaction floor", two.lock_and_move, _open(two), two.commit),
         Variant(g, "one-statement floor", one_op),
         Variant(g, "pool floor", blocking(loop, pool)),
+        Variant(
+            g,
+            "pool floor, native",
+            blocking(loop, floor.native_pool_floor(engine.sync_engine, one)),
+        ),
         Variant(g, "SQLAlchemy AsyncEngine", blocking(loop, sa_engine)),
         Variant(g, "SQLAlchemy AsyncConnection", blocking(loop, sa_connection), begin, commit),
     ]

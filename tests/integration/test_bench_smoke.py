@@ -46,6 +46,7 @@ VARIANTS = {
         "in-transaction floor",
         "one-statement floor",
         "pool floor",
+        *(("pool floor, native",) if forms == ASYNC_FORMS else ()),
         *(f"SQLAlchemy {name}" for name in forms),
         *(f"awa-sa {name}" for name in forms),
     )

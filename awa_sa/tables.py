@@ -19,7 +19,7 @@ from sqlalchemy import (
     Text,
     Uuid,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, BIT, ENUM, JSONB, OID
+from sqlalchemy.dialects.postgresql import ARRAY, BIT, ENUM, JSONB
 
 AWA_SCHEMA = "awa"
 
@@ -115,11 +115,7 @@ storage_transition_state = Table(
 postgres_catalog = MetaData()
 """PostgreSQL's own catalog, apart from Awa's tables (nothing here is created or compared)."""
 
-pg_proc = Table(
-    "pg_proc",
-    postgres_catalog,
-    Column("oid", OID),
-    Column("prosrc", Text),
-    schema="pg_catalog",
-)
-"""Read by the routing guard: the installed routing functions' bodies."""
+pg_proc = Table("pg_proc", postgres_catalog, schema="pg_catalog")
+"""Read by the routing guard: the installed routing functions' bodies. The guard names ``oid``
+and ``prosrc`` unqualified in its text (``awa_sa.statements.canonical._bodies_known``), so no
+column is declared here."""

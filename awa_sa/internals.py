@@ -7,6 +7,7 @@ beside it fails if the internal it relies on moves.
 
 from __future__ import annotations
 
+import sys
 import traceback
 from collections import namedtuple
 from collections.abc import Mapping
@@ -15,7 +16,7 @@ from typing import Any, NoReturn
 from sqlalchemy import Connection
 from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.engine.default import DefaultExecutionContext
-from sqlalchemy.engine.interfaces import DBAPICursor
+from sqlalchemy.engine.interfaces import DBAPICursor, ExecutionContext
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.pool import PoolProxiedConnection
@@ -234,9 +235,13 @@ def lean_execute(
 # ``Connection._handle_dbapi_exception`` does (``Pool._invalidate``; an interrupt invalidates
 # only the connection). An engine with a listener of any connection or dialect event
 # (OpenTelemetry's, a ``handle_error``), echo or INFO logging of ``sqlalchemy.engine``
-# (``Engine._should_log_info``, as the Connection asks), execution options, or a dialect that
-# handles a failed statement in its execution context (asyncpg) keeps the Connection.
-# tests/integration/test_direct.py.
+# (``Engine._should_log_info``, as the Connection asks), execution options, or a dialect whose
+# execution context does something around a statement that the direct path does not do as it
+# does keeps the Connection. asyncpg's context does two things, both done here
+# (:data:`_ASYNCPG`): it stamps the cursor with the time the dialect last saw the schema
+# change before each statement (``pre_exec``), and moves that time on when a statement fails
+# for a changed schema (``handle_dbapi_exception``), so that every connection prepares its
+# statements afresh. tests/integration/test_direct.py.
 
 
 def direct_allowed(engine: Engine) -> bool:
@@ -252,15 +257,27 @@ def direct_allowed(engine: Engine) -> bool:
         or dialect._has_events
         or engine.get_execution_options()
         or engine._should_log_info()
-        or dialect.execution_ctx_cls.handle_dbapi_exception is not _NO_HANDLING
+        or not _context_mirrored(dialect.execution_ctx_cls)
     )
 
 
+def _context_mirrored(context: type[ExecutionContext]) -> bool:
+    """Whether *context* does nothing with a failed statement's error, or what
+    :class:`Direct` does for asyncpg's; a context that handles it its own way keeps the
+    Connection, which calls it."""
+    handling = context.handle_dbapi_exception
+    return handling is _NO_HANDLING or handling is _asyncpg_handling()
+
+
 _NO_HANDLING = DefaultExecutionContext.handle_dbapi_exception
-"""What an execution context does with a failed statement's error by default: nothing. A
-dialect whose context does something (asyncpg's clears its prepared-statement cache after a
-schema change, so that the next statement prepares afresh) keeps the Connection, which calls
-it."""
+
+
+def _asyncpg_handling() -> Any:
+    """asyncpg's context's handling of a failed statement, when its dialect module is loaded
+    (it is, for an engine on asyncpg)."""
+    module = sys.modules.get("sqlalchemy.dialects.postgresql.asyncpg")
+    context = getattr(module, "PGExecutionContext_asyncpg", None)
+    return None if context is None else context.handle_dbapi_exception
 
 
 def checkout(engine: Engine) -> PoolProxiedConnection:
@@ -269,6 +286,17 @@ def checkout(engine: Engine) -> PoolProxiedConnection:
         return engine.raw_connection()
     except engine.dialect.loaded_dbapi.Error as exc:
         Connection._handle_dbapi_exception_noconnection(exc, engine.dialect, engine)
+
+
+_ASYNCPG = "asyncpg"
+"""The driver whose execution context's steps :class:`Direct` takes itself: the cursor
+stamped with the dialect's schema time, the time moved on after a schema change."""
+
+
+def _schema_changed(dialect: Dialect) -> tuple[type[BaseException], ...]:
+    """The errors after which asyncpg's context has every connection prepare afresh."""
+    dbapi = dialect.loaded_dbapi
+    return (dbapi.InvalidCachedStatementError, dbapi.InternalServerError)
 
 
 _COMMIT_AS_QUERY = frozenset({"pg8000"})
@@ -282,12 +310,13 @@ class Direct:
     autocommit try (:func:`awa_sa.compiled.run` sends through :meth:`send`).
     """
 
-    __slots__ = ("dialect", "engine", "fairy")
+    __slots__ = ("_schema_stamped", "dialect", "engine", "fairy")
 
     def __init__(self, engine: Engine, fairy: PoolProxiedConnection) -> None:
         self.engine = engine
         self.dialect = engine.dialect
         self.fairy = fairy
+        self._schema_stamped = self.dialect.driver == _ASYNCPG
 
     @property
     def connection(self) -> PoolProxiedConnection:
@@ -320,6 +349,9 @@ class Direct:
     def send(self, statement: str, parameters: Mapping[str, Any] | tuple[Any, ...]) -> list[Any]:
         """*statement* with *parameters* on a cursor of its own, its rows fetched."""
         cursor = self.fairy.cursor()
+        if self._schema_stamped:  # asyncpg's pre_exec
+            stamp = self.dialect._invalidate_schema_cache_asof  # type: ignore[attr-defined]
+            cursor._invalidate_schema_cache_asof = stamp  # type: ignore[attr-defined]
         try:
             cursor.execute(statement, parameters)
             return fetched(statement, cursor)
@@ -350,6 +382,8 @@ class Direct:
                 self.engine.pool._invalidate(self.fairy, exc)  # the pool's older ones too
         if not isinstance(exc, error):
             raise exc
+        if self._schema_stamped and isinstance(exc, _schema_changed(dialect)):
+            dialect._invalidate_schema_cache()  # type: ignore[attr-defined]  # its context's
         raise DBAPIError.instance(
             statement,
             parameters,

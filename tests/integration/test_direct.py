@@ -20,8 +20,9 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import awa_sa
+import awa_sa.asyncio as awa_async
 from awa_sa.errors import CONNECTION_LOST
-from awa_sa.internals import direct_allowed
+from awa_sa.internals import Direct, checkout, direct_allowed, greenlet_spawn
 
 
 @pytest.fixture
@@ -39,11 +40,45 @@ def test_an_engine_that_no_one_watches_takes_it(plain: sa.Engine, db_url: str) -
         other.dispose()
 
 
-def test_asyncpg_keeps_its_connection(db_url: str) -> None:
-    """Its execution context clears the prepared-statement cache when a statement fails for a
-    changed schema; only the Connection calls it."""
-    engine = create_async_engine(driver_url(db_url, "asyncpg"))
-    assert not direct_allowed(engine.sync_engine)
+async def test_asyncpg_takes_it_with_its_contexts_steps(db_url: str) -> None:
+    """asyncpg's execution context stamps each cursor with the time the dialect last saw the
+    schema change, and moves that time on after a statement fails for a changed schema, so
+    that every connection prepares afresh. The direct path does both: a statement whose
+    prepared plan a schema change broke fails once, and runs again on the same connection."""
+    engine = create_async_engine(driver_url(db_url, "asyncpg"), pool_size=1)
+    try:
+        assert direct_allowed(engine.sync_engine)
+        async with engine.begin() as conn:
+            await conn.exec_driver_sql("CREATE TABLE direct_schema (x int)")
+            await conn.exec_driver_sql("INSERT INTO direct_schema VALUES (1)")
+        select = "SELECT * FROM direct_schema"
+        assert await greenlet_spawn(_direct_send, engine.sync_engine, select) == [(1,)]
+        async with engine.begin() as conn:  # the pool's one connection: it sees no error
+            await conn.exec_driver_sql("ALTER TABLE direct_schema ALTER x TYPE bigint")
+        before = engine.dialect._invalidate_schema_cache_asof  # type: ignore[attr-defined]
+        with pytest.raises(sa.exc.DBAPIError, match="InvalidCachedStatement"):
+            await greenlet_spawn(_direct_send, engine.sync_engine, select)
+        assert engine.dialect._invalidate_schema_cache_asof > before  # type: ignore[attr-defined]
+        assert await greenlet_spawn(_direct_send, engine.sync_engine, select) == [(1,)]
+        async with engine.begin() as conn:
+            job = await conn.run_sync(insert_job)
+        outcome = await awa_async.reschedule_canonical_attempt(engine, job, 1, SNOOZE)
+        assert isinstance(outcome, awa_sa.Rescheduled)
+    finally:
+        async with engine.begin() as conn:
+            await conn.exec_driver_sql("DROP TABLE IF EXISTS direct_schema")
+        await engine.dispose()
+
+
+def _direct_send(engine: sa.Engine, statement: str) -> list[tuple[object, ...]]:
+    """*statement* sent as the Engine form's direct path sends its own, its rows as tuples."""
+    fairy = checkout(engine)
+    try:
+        fairy.dbapi_connection.autocommit = True  # type: ignore[union-attr]
+        return [tuple(row) for row in Direct(engine, fairy).send(statement, ())]
+    finally:
+        fairy.dbapi_connection.autocommit = False  # type: ignore[union-attr]
+        fairy.close()
 
 
 @pytest.mark.parametrize(

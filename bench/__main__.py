@@ -68,7 +68,7 @@ def single_call(host: str, port: int, dbname: str, url: str, a: Any) -> dict[str
     loop = asyncio.new_event_loop()
     jobs = Jobs(url)
     jobs.seed(64)
-    built = variants.build(host, port, dbname, loop, jobs)
+    built = variants.build(host, port, dbname, loop, jobs, drivers=a.drivers)
     try:
         rounds = _rounds(built.items, url, a)
     finally:
@@ -141,7 +141,7 @@ def at_distance(port: int, dbname: str, url: str, a: Any) -> dict[str, Any]:
         added = _added_rtt(port, proxy.port, dbname, password)
         jobs = Jobs(url)
         jobs.seed(64)
-        built = variants.build("127.0.0.1", proxy.port, dbname, loop, jobs)
+        built = variants.build("127.0.0.1", proxy.port, dbname, loop, jobs, drivers=a.drivers)
         try:
             samples = interleave(
                 built.items,
@@ -245,8 +245,22 @@ def main() -> None:
         default=",".join(PARTS),
         help=f"comma-separated parts ({', '.join(PARTS + OPTIONAL_PARTS)})",
     )
+    parser.add_argument(
+        "--drivers",
+        type=lambda names: set(names.split(",")),
+        help="comma-separated driver groups of parts 1 and 2 (default: all): "
+        + ", ".join(driver.name for driver in variants.DRIVERS),
+    )
+    parser.add_argument(
+        "--one-core",
+        action="store_true",
+        help="run the bench and its server on one CPU: no cross-core wake-ups (see"
+        " docs/performance.md#one-core); the concurrency parts then share that CPU",
+    )
     a = parser.parse_args()
     only = set(a.only.split(","))
+    if a.one_core:  # before the server starts: its processes inherit the affinity
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     # Stopped from outside, still stop the server and the proxy (their finally blocks).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
@@ -290,6 +304,7 @@ def main() -> None:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
+        "cpu_affinity": sorted(os.sched_getaffinity(0)),
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
         "cluster": "awa migrate (awa-cli)" if a.cluster == "awa" else "Alembic fixture",

@@ -27,8 +27,11 @@ SERVER_TARGET = 0.60
 
 def report(r: dict[str, Any]) -> None:
     m = r["machine"]
+    cpus = m.get("cpu_affinity", [])
+    pinned = f" (bench and server on CPU {cpus[0]} alone)" if len(cpus) == 1 else ""
     print(
-        f"{m['platform']}, {m['cpus']} CPUs, Python {m['python']}; cluster: {m['cluster']};"
+        f"{m['platform']}, {m['cpus']} CPUs{pinned}, Python {m['python']};"
+        f" cluster: {m['cluster']};"
         f" load average {_load(m['load_average_before'])} before,"
         f" {_load(m['load_average_after'])} after"
     )

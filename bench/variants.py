@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,12 +85,21 @@ class Variants:
 
 
 def build(
-    host: str, port: int, dbname: str, loop: asyncio.AbstractEventLoop, jobs: Jobs
+    host: str,
+    port: int,
+    dbname: str,
+    loop: asyncio.AbstractEventLoop,
+    jobs: Jobs,
+    *,
+    drivers: Collection[str] | None = None,
 ) -> Variants:
-    """All variants against ``host:port/dbname``; *jobs* supplies the probe of each awa-sa form."""
+    """All variants against ``host:port/dbname``, of *drivers* (by name; None: all); *jobs*
+    supplies the probe of each awa-sa form."""
     out = Variants()
     password = sa.make_url(jobs.url).password  # the throwaway server's, same behind the proxy
     for driver in DRIVERS:
+        if drivers is not None and driver.name not in drivers:
+            continue
         if importlib.util.find_spec(driver.url_driver) is None:
             out.skipped[driver.name] = f"{driver.url_driver} is not installed"
             continue

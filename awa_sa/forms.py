@@ -32,6 +32,7 @@ from awa_sa.internals import (
     Direct,
     autocommit_off,
     autocommit_on,
+    checkin_idle,
     checkout,
     connect_isolation_level,
     direct_allowed,
@@ -138,18 +139,25 @@ def _direct(engine: Engine, calls: Sequence[AnyCall], *, autocommit: bool) -> li
     autocommit where the one statement may run so, else in the driver's own transaction,
     committed when the try settled the call (what is left rolls back at checkin)."""
     fairy = checkout(engine)  # the pool's: its events, pre-ping
+    idle = False  # known to have no transaction open: returned without the reset's ROLLBACK
     try:
         direct = Direct(engine, fairy)
         if autocommit:
-            return _autocommit_try(direct, calls)
+            first = _autocommit_try(direct, calls)
+            idle = True  # switched back (or invalidated), with nothing begun in autocommit
+            return first
         if fairy.dbapi_connection is None or in_autocommit(direct):
             return _Then(in_transaction, calls)
         first = _alone(direct, calls)
         if isinstance(first, list):
             direct.commit()
+            idle = True
         return first
     finally:
-        fairy.close()  # the checkin: its events, the reset
+        if idle:
+            checkin_idle(fairy)  # the checkin: its events, the reset's event
+        else:
+            fairy.close()  # the checkin: its events, the reset
 
 
 def _autocommit_try(runner: Runner, calls: Sequence[AnyCall]) -> list[Ending] | _Then:

@@ -36,6 +36,7 @@ __all__ = [
     "SchemaTranslatedFunction",
     "autocommit_off",
     "autocommit_on",
+    "checkin_idle",
     "checkout",
     "connect_isolation_level",
     "direct_allowed",
@@ -286,6 +287,17 @@ def checkout(engine: Engine) -> PoolProxiedConnection:
         return engine.raw_connection()
     except engine.dialect.loaded_dbapi.Error as exc:
         Connection._handle_dbapi_exception_noconnection(exc, engine.dialect, engine)
+
+
+def checkin_idle(fairy: PoolProxiedConnection) -> None:
+    """Return *fairy*, whose driver connection has no transaction open, to its pool without
+    the reset's ROLLBACK: as ``Connection.close()`` returns one whose transaction it has just
+    ended, through the fairy's (undocumented) ``_close_special(transaction_reset=True)``. The
+    checkin and reset events fire as ever (the reset told the transaction was reset). On the
+    async adapters the ROLLBACK skipped is a greenlet switch even where the driver sends
+    nothing. tests/integration/test_direct.py (the pool's events).
+    """
+    fairy._close_special(transaction_reset=True)
 
 
 _ASYNCPG = "asyncpg"

@@ -12,12 +12,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 from calling import SNOOZE, driver_url
 from jobs import insert_job
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.pool import PoolResetState
 
 import awa_sa
 import awa_sa.asyncio as awa_async
@@ -116,9 +118,18 @@ def test_info_logging_of_sqlalchemy_keeps_the_connection(
 
 
 def test_the_pools_events_fire_once_a_call(plain: sa.Engine) -> None:
+    """Checkout, reset and checkin, as for a Connection that ended its transaction: the reset
+    is told so, and the connection goes back with no transaction open, no ROLLBACK sent."""
     fired: list[str] = []
     for name in ("checkout", "checkin"):
         event.listen(plain.pool, name, lambda *args, name=name: fired.append(name))
+
+    def reset(dbapi: object, record: object, state: PoolResetState) -> None:
+        fired.append(f"reset, transaction was reset: {state.transaction_was_reset}")
+        status = dbapi.info.transaction_status  # type: ignore[attr-defined]
+        assert status == psycopg.pq.TransactionStatus.IDLE
+
+    event.listen(plain.pool, "reset", reset)
     assert direct_allowed(plain)  # pool events are the pool's: the path stays direct
     with plain.begin() as conn:
         job = insert_job(conn)
@@ -126,7 +137,7 @@ def test_the_pools_events_fire_once_a_call(plain: sa.Engine) -> None:
     assert isinstance(
         awa_sa.reschedule_canonical_attempt(plain, job, 1, SNOOZE), awa_sa.Rescheduled
     )
-    assert fired == ["checkout", "checkin"]
+    assert fired == ["checkout", "reset, transaction was reset: True", "checkin"]
 
 
 def _kill_all(engine: sa.Engine, db_url: str) -> None:

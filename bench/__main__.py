@@ -39,7 +39,7 @@ import psycopg
 import sqlalchemy as sa
 
 from awa_sa import Attempt, reschedule_canonical_attempt, reschedule_canonical_attempts
-from awa_sa.testing.server import embedded_postgres
+from awa_sa.testing.server import EmbeddedPostgres, embedded_postgres
 from bench import breakdown, concurrency, endings, pooled, receipts, server_cost, variants
 from bench.measure import interleave
 from bench.proxy import Distant
@@ -217,6 +217,11 @@ def batches(engine: sa.Engine, rounds: int) -> dict[int, dict[str, float]]:
     return out
 
 
+def _postmaster(server: EmbeddedPostgres) -> int:
+    """The pid of *server*'s postmaster, which every backend is forked from."""
+    return int((server.datadir / "postmaster.pid").read_text().split()[0])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument(
@@ -277,6 +282,7 @@ def main() -> None:
 
     load_before = os.getloadavg()
     with embedded_postgres(server_cost.SETTINGS) as server:
+        server_cpus = sorted(os.sched_getaffinity(_postmaster(server)))
         create_database(server, "main", a.cluster, "canonical")
         create_database(server, "qs", "fixture", "mixed_transition")
         url = database_url(server, "main")
@@ -305,6 +311,7 @@ def main() -> None:
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
         "cpu_affinity": sorted(os.sched_getaffinity(0)),
+        "server_cpu_affinity": server_cpus,
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
         "cluster": "awa migrate (awa-cli)" if a.cluster == "awa" else "Alembic fixture",

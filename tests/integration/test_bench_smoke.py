@@ -175,3 +175,26 @@ def test_the_single_part_is_independent_rounds(written: dict[str, Any]) -> None:
     single = written["single"]
     assert len(single["rounds"]) == 2
     assert [list(r) for r in single["rounds"]] == [list(single["variants"])] * 2
+
+
+def test_one_core_pins_the_bench_and_its_server(tmp_path: Path) -> None:
+    """``--one-core``: the bench and its server's postmaster (every backend forks from it) on
+    one CPU; ``--drivers`` runs only the groups it names."""
+    figures = tmp_path / "results.json"
+    tiny = ("--single-rounds", "1", "--rounds", "1", "--per-round", "1", "--warmup", "1")
+    narrowed = ("--only", "single", "--drivers", "psycopg", "--one-core")
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", *tiny, *narrowed, "--json", str(figures)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    written = json.loads(figures.read_text())
+    machine = written["machine"]
+    assert len(machine["cpu_affinity"]) == 1
+    assert machine["server_cpu_affinity"] == machine["cpu_affinity"]
+    assert "alone" in done.stdout.splitlines()[0]
+    assert set(written["single"]["groups"].values()) == {"psycopg"}

@@ -237,8 +237,8 @@ def lean_execute(
 # only the connection). An engine with a listener of any connection or dialect event
 # (OpenTelemetry's, a ``handle_error``), echo or INFO logging of ``sqlalchemy.engine``
 # (``Engine._should_log_info``, as the Connection asks), execution options, or a dialect whose
-# execution context does something around a statement that the direct path does not do as it
-# does keeps the Connection. asyncpg's context does two things, both done here
+# execution context handles a failed statement in a way the direct path does not reproduce
+# keeps the Connection. asyncpg's context does two things, both reproduced here
 # (:data:`_ASYNCPG`): it stamps the cursor with the time the dialect last saw the schema
 # change before each statement (``pre_exec``), and moves that time on when a statement fails
 # for a changed schema (``handle_dbapi_exception``), so that every connection prepares its

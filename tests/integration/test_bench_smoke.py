@@ -62,9 +62,14 @@ ONE_EXCHANGE_PER_STATEMENT = ("psycopg", "psycopg async", "psycopg2", "asyncpg")
 @pytest.fixture(scope="module")
 def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One run of the bench, read by every test of the module."""
-    figures = tmp_path_factory.mktemp("bench") / "results.json"
+    return _bench(tmp_path_factory.mktemp("bench"), *SMALLEST)[0]
+
+
+def _bench(directory: Path, *args: str) -> tuple[dict[str, Any], str]:
+    """``python -m bench`` with *args*: the figures it wrote in *directory*, and what it printed."""
+    figures = directory / "results.json"
     done = subprocess.run(
-        [sys.executable, "-m", "bench", *SMALLEST, "--json", str(figures)],
+        [sys.executable, "-m", "bench", *args, "--json", str(figures)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -73,7 +78,7 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     result: dict[str, Any] = json.loads(figures.read_text())
-    return result
+    return result, done.stdout
 
 
 def _positive(value: Any) -> bool:
@@ -180,21 +185,11 @@ def test_the_single_part_is_independent_rounds(written: dict[str, Any]) -> None:
 def test_one_core_pins_the_bench_and_its_server(tmp_path: Path) -> None:
     """``--one-core``: the bench and its server's postmaster (every backend forks from it) on
     one CPU; ``--drivers`` runs only the groups it names."""
-    figures = tmp_path / "results.json"
     tiny = ("--single-rounds", "1", "--rounds", "1", "--per-round", "1", "--warmup", "1")
     narrowed = ("--only", "single", "--drivers", "psycopg", "--one-core")
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", *tiny, *narrowed, "--json", str(figures)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    written = json.loads(figures.read_text())
+    written, printed = _bench(tmp_path, *tiny, *narrowed)
     machine = written["machine"]
     assert len(machine["cpu_affinity"]) == 1
     assert machine["server_cpu_affinity"] == machine["cpu_affinity"]
-    assert "alone" in done.stdout.splitlines()[0]
+    assert "alone" in printed.splitlines()[0]
     assert set(written["single"]["groups"].values()) == {"psycopg"}

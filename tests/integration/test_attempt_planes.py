@@ -795,8 +795,18 @@ def run_fresh(url: str, engine: sa.Engine) -> Fresh:
             {"name": "nodeadline", "max_workers": 4, "deadline_duration_ms": 0},
         ]
         # The usual order: migrate, start the worker, enqueue. The first auto runtime on an
-        # empty cluster finalizes it to queue storage in schema awa.
-        await client.start(queues, heartbeat_interval_ms=600_000)
+        # empty cluster finalizes it to queue storage in schema awa. Its maintenance is made
+        # too slow to run during the test: a promotion (the failed attempt's backoff is 2-2.5
+        # s) or a rotation's prune would take the rows read below before a loaded shutdown
+        # is over.
+        await client.start(
+            queues,
+            heartbeat_interval_ms=600_000,
+            promote_interval_ms=600_000,
+            queue_storage_queue_rotate_interval_ms=600_000,
+            queue_storage_lease_rotate_interval_ms=600_000,
+            queue_storage_claim_rotate_interval_ms=600_000,
+        )
         try:
             await client.insert(Mail(who="row"), queue="mail")
             await client.insert(Ping(n=1), queue="nodeadline")

@@ -506,14 +506,14 @@ def rescue(url: str, engine: sa.Engine) -> Rescue:
         try:
             await client.insert(Race(n=1), queue="short")
             await within(s.holding, "S's claim")
+            # Settled while S's handler holds, and first: it has to commit within S's
+            # deadline, which a loaded machine could let pass while C was being claimed.
+            settled = await asyncio.to_thread(attempt_of, engine, s.runs[0])
+            outcome = await asyncio.to_thread(lambda: awa_sa.settle(engine, settled, Complete()))
             # C is enqueued after S is claimed: its claim, and so its deadline, are later.
             await client.insert(Later(n=1), queue="short", max_attempts=2)
             await within(c.holding, "C's claim")
-            settled = await asyncio.to_thread(attempt_of, engine, s.runs[0])
             control_attempt = await asyncio.to_thread(attempt_of, engine, c.runs[0])
-            outcome = await asyncio.to_thread(
-                lambda: awa_sa.settle(engine, settled, Complete())
-            )  # while S's handler holds
             # Hold both handlers until the leader's maintenance has rescued C.
             deadline = time.monotonic() + DEFAULT_TIMEOUT + DEADLINE_MS / 1000
             while True:

@@ -18,6 +18,23 @@ STILL_RINGS = {
 """A runtime's ``start`` options that keep every ring still."""
 
 
+LEADER_LOCK = 0x4157_415F_4D41_494E
+"""Awa's maintenance-leader advisory lock key ("AWA_MAIN")."""
+
+
+def hold_leadership(engine: sa.Engine) -> sa.Connection:
+    """A session holding the maintenance-leader lock: no runtime becomes leader while it lives,
+    so no promotion, rescue, rotation or dirty-mark recompute touches the rows a test reads.
+
+    A runtime tries the lock as it starts (without it, ``health_check().leader`` is true within
+    50 ms), so a runtime that has claimed its jobs and is not leader was kept out by this lock.
+    """
+    conn = engine.connect()
+    assert conn.execute(sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": LEADER_LOCK}).scalar()
+    conn.commit()
+    return conn
+
+
 def pg_url(url: str) -> str:
     """*url* (a SQLAlchemy URL) as the libpq URL awa-pg's clients take."""
     return sa.make_url(url).set(drivername="postgresql").render_as_string(False)

@@ -44,7 +44,7 @@ import awa
 import pytest
 import sqlalchemy as sa
 from conftest import _janitor, database_url, run_awa
-from runtimes import pg_url
+from runtimes import STILL, hold_leadership, pg_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
@@ -186,12 +186,15 @@ class Held:
 
 
 @asynccontextmanager
-async def held_pair(pg: EmbeddedPostgres, dbname: str, url: str) -> AsyncIterator[Held]:
+async def held_pair(
+    pg: EmbeddedPostgres, dbname: str, url: str, engine: sa.Engine
+) -> AsyncIterator[Held]:
     """A canonical attempt A and a queue-storage attempt B, both job 1 lease 1, running at once.
 
     Each handler holds on its own event (``Holder.release``), so a test can let one return
     while the other still runs; on exit both are released and every runtime still running is
-    shut down.
+    shut down. No runtime leads (:func:`hold_leadership`): when the first leader stopped, the
+    other would take over and rotate, roll up or promote between two snapshots.
     """
 
     def awa_cli(*args: str) -> str:
@@ -210,6 +213,7 @@ async def held_pair(pg: EmbeddedPostgres, dbname: str, url: str) -> AsyncIterato
     target = awa.AsyncClient(pg_url(url))
     target.task(Mail, queue="mail")(b)
     held = Held(a, b, canonical, target, async_engine, [])
+    leader = await asyncio.to_thread(hold_leadership, engine)
     try:
         await canonical.insert(Mail(who="canonical A"), queue="mail")
         await canonical.start(
@@ -240,13 +244,14 @@ async def held_pair(pg: EmbeddedPostgres, dbname: str, url: str) -> AsyncIterato
         await canonical.close()
         await target.close()
         await async_engine.dispose()
+        leader.close()
 
 
 def collide(pg: EmbeddedPostgres, dbname: str, url: str, engine: sa.Engine) -> Collided:
     """Both attempts held, as :func:`held_pair` leaves them, read from the rows."""
 
     async def run() -> Collided:
-        async with held_pair(pg, dbname, url) as held:
+        async with held_pair(pg, dbname, url, engine) as held:
             a, b = held.a, held.b
 
             def read() -> Collided:
@@ -518,7 +523,7 @@ def settle_beside(pg: EmbeddedPostgres, dbname: str, url: str, engine: sa.Engine
     """
 
     async def run() -> Settled:
-        async with held_pair(pg, dbname, url) as held:
+        async with held_pair(pg, dbname, url, engine) as held:
             a, b = held.a, held.b
             mine_a = a.mine
             assert mine_a is not None
@@ -795,18 +800,11 @@ def run_fresh(url: str, engine: sa.Engine) -> Fresh:
             {"name": "nodeadline", "max_workers": 4, "deadline_duration_ms": 0},
         ]
         # The usual order: migrate, start the worker, enqueue. The first auto runtime on an
-        # empty cluster finalizes it to queue storage in schema awa. Its maintenance is made
-        # too slow to run during the test: a promotion (the failed attempt's backoff is 2-2.5
-        # s) or a rotation's prune would take the rows read below before a loaded shutdown
-        # is over.
-        await client.start(
-            queues,
-            heartbeat_interval_ms=600_000,
-            promote_interval_ms=600_000,
-            queue_storage_queue_rotate_interval_ms=600_000,
-            queue_storage_lease_rotate_interval_ms=600_000,
-            queue_storage_claim_rotate_interval_ms=600_000,
-        )
+        # empty cluster finalizes it to queue storage in schema awa, leader or not. No runtime
+        # leads: a promotion (the failed attempt's backoff is 2-2.5 s) or a ring's prune would
+        # take the rows read below before a loaded shutdown is over.
+        leader = await asyncio.to_thread(hold_leadership, engine)
+        await client.start(queues, heartbeat_interval_ms=STILL)
         try:
             await client.insert(Mail(who="row"), queue="mail")
             await client.insert(Ping(n=1), queue="nodeadline")
@@ -836,6 +834,7 @@ def run_fresh(url: str, engine: sa.Engine) -> Fresh:
             await client.shutdown()
             await client.close()
             await async_engine.dispose()
+            leader.close()
 
         def read_after() -> tuple[list[RunningAttempt], dict[str, list[dict[str, Any]]]]:
             ended = {

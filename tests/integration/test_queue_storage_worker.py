@@ -67,7 +67,7 @@ import pytest
 import sqlalchemy as sa
 from conftest import QUIESCED_FLIP, _janitor, database_url, run_awa
 from pytest_postgresql.janitor import DatabaseJanitor
-from runtimes import pg_url
+from runtimes import hold_leadership, pg_url
 
 import awa_sa
 from awa_sa.testing.server import EmbeddedPostgres
@@ -75,8 +75,6 @@ from awa_sa.testing.server import EmbeddedPostgres
 pytestmark = pytest.mark.slow  # real awa-pg runtimes (pyproject has no `real` marker)
 
 WAIT_SECS = 60.0
-LEADER_LOCK = 0x4157_415F_4D41_494E
-"""Awa's maintenance-leader advisory lock key ("AWA_MAIN"): held here, no runtime leads."""
 
 DELAY = 3600
 CANCEL_REASON = "cancelled by harness"
@@ -548,13 +546,6 @@ class Run:
     def rows(self, table: str) -> list[dict[str, Any]]:
         """*table*'s rows at the end of the run."""
         return rows_of(self.final, table)
-
-
-def hold_leadership(engine: sa.Engine) -> sa.Connection:
-    conn = engine.connect()
-    assert conn.execute(sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": LEADER_LOCK}).scalar()
-    conn.commit()
-    return conn
 
 
 def storage_state(engine: sa.Engine) -> dict[str, Any]:

@@ -34,7 +34,7 @@ import pytest
 import sqlalchemy as sa
 from conftest import awa_release
 from racing import CANONICAL_TABLES, QS_TABLES, RealTransitions
-from runtimes import pg_url
+from runtimes import hold_leadership, pg_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import awa_sa
@@ -145,9 +145,14 @@ class Worker:
 
 
 def reschedule_for_real(url: str, engine: sa.Engine) -> None:
-    """Let the worker claim both jobs, empty the marks, then let its handlers answer."""
+    """Let the worker claim both jobs, empty the marks, then let its handlers answer.
+
+    No runtime leads (:func:`hold_leadership`): a leader's dirty-mark recompute could drain
+    the marks between the re-schedule and their read, which a loaded shutdown keeps apart.
+    """
 
     async def run() -> None:
+        leader = await asyncio.to_thread(hold_leadership, engine)
         worker = Worker(pg_url(url))
         client = worker.client
         await client.insert(Snoozes(1), queue="q", tags=["t"], metadata={"m": 1})
@@ -156,6 +161,7 @@ def reschedule_for_real(url: str, engine: sa.Engine) -> None:
         try:
             for event in worker.holding.values():
                 await asyncio.wait_for(event.wait(), 60)
+            assert not (await client.health_check()).leader
             await asyncio.to_thread(clear_marks, engine)
             worker.release.set()
             for _ in range(600):
@@ -167,6 +173,7 @@ def reschedule_for_real(url: str, engine: sa.Engine) -> None:
             worker.release.set()
             await client.shutdown()
             await client.close()
+            leader.close()
 
     asyncio.run(run())
 
@@ -239,9 +246,6 @@ def test_status_names_the_release_family_that_built_the_cluster(
 # session holds Awa's maintenance-leader advisory lock for the whole run, so no promotion,
 # rescue or dirty-mark recompute can touch the rows between the release and the read.
 
-LEADER_LOCK = 0x4157_415F_4D41_494E
-"""Awa's maintenance-leader advisory lock key ("AWA_MAIN"): held elsewhere, no runtime leads."""
-
 OUTCOMES = ("complete", "cancel", "terminal", "final", "retry")
 """Returns None, returns Cancel, raises TerminalError, raises on its last attempt, raises with
 attempts left: each outcome's kind, in the order the jobs are inserted (so ids match)."""
@@ -310,18 +314,6 @@ class Endings:
             return None
 
         return handle
-
-
-def hold_leadership(engine: sa.Engine) -> sa.Connection:
-    """A session holding the maintenance-leader lock: no runtime becomes leader while it lives.
-
-    A runtime tries the lock as it starts (without it, ``health_check().leader`` is true within
-    50 ms), so a runtime that has claimed its jobs and is not leader was kept out by this lock.
-    """
-    conn = engine.connect()
-    assert conn.execute(sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": LEADER_LOCK}).scalar()
-    conn.commit()
-    return conn
 
 
 def enter_phase(engine: sa.Engine, phase: str) -> None:

@@ -6,7 +6,8 @@ installed (else by the Alembic fixture) and keeps canonical routing; database ``
 fixture flipped into ``mixed_transition`` towards ``awa_qs``. Parts, in order:
 
 1. one call, per driver and form, against that driver's raw floor (:mod:`bench.variants`), and
-   which steps of SQLAlchemy the difference goes to (:mod:`bench.breakdown`);
+   which steps of SQLAlchemy the difference goes to (:mod:`bench.breakdown`), and which of
+   awa-sa's layers its share over the pool floor goes to (:mod:`bench.layers`);
 2. the same with the server 0.5 ms away, and the round trips each call makes
    (:mod:`bench.proxy`);
 3. the database's own time per reschedule (:mod:`bench.server_cost`);
@@ -40,7 +41,16 @@ import sqlalchemy as sa
 
 from awa_sa import Attempt, reschedule_canonical_attempt, reschedule_canonical_attempts
 from awa_sa.testing.server import EmbeddedPostgres, embedded_postgres
-from bench import breakdown, concurrency, endings, pooled, receipts, server_cost, variants
+from bench import (
+    breakdown,
+    concurrency,
+    endings,
+    layers,
+    pooled,
+    receipts,
+    server_cost,
+    variants,
+)
 from bench.measure import interleave
 from bench.proxy import Distant
 from bench.report import report
@@ -50,6 +60,7 @@ BATCH_SIZES = (1, 10, 100, 1000)
 PARTS = (
     "single",
     "breakdown",
+    "layers",
     "distance",
     "server",
     "callers",
@@ -293,6 +304,7 @@ def main() -> None:
             "asyncpg": database_url(server, "main", "asyncpg"),
         }
         timed("breakdown", breakdown.run, breakdown_urls)
+        timed("layers", layers.run, url, a.rounds, 5 * a.per_round, a.warmup)
         timed("distance", at_distance, server.port, "main", url, a)
         timed("server", server_cost.measure, url, "main", a.server_calls)
         timed("callers", concurrency.run, url, a.callers_seconds, a.callers_rounds)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from bench.layers import BUILDS_ON
+
 TARGET = {"Engine": 0.85, "Connection": 0.95, "AsyncEngine": 0.95, "AsyncConnection": 0.95}
 """Each awa-sa form's median over its driver's floor, at most (loopback): BEGIN/lock/move/COMMIT
 for the Engine forms, the lock and move inside an open transaction for the Connection forms."""
@@ -39,6 +41,8 @@ def report(r: dict[str, Any]) -> None:
         _single(r["single"])
     if "breakdown" in r:
         _breakdown(r["breakdown"])
+    if "layers" in r:
+        _layers(r["layers"])
     if "distance" in r:
         _distance(r["distance"])
     if "server" in r:
@@ -196,6 +200,20 @@ def _breakdown(steps: dict[str, dict[str, float]]) -> None:
             f"{steps[g][name]:15.1f}" if name in steps[g] else f"{'':15}" for g in steps
         )
         print(f"     {name:52}{cells}")
+
+
+def _layers(cpu: dict[str, float]) -> None:
+    print(
+        "   awa-sa's layers over the pool floor, each in its real place (psycopg Engine form,"
+        " client CPU µs per call)"
+    )
+    floor = cpu["pool floor"]
+    for name, median in cpu.items():
+        base = BUILDS_ON.get(name)
+        step = (
+            "" if base is None else f"  {median - cpu[base]:+6.1f} over {base.removeprefix('+ ')}"
+        )
+        print(f"     {name:32} {median:7.1f} µs  {median / floor:5.2f}x{step}")
 
 
 def _distance(far: dict[str, Any]) -> None:

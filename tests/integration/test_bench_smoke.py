@@ -18,10 +18,15 @@ from typing import Any
 
 import pytest
 
+from bench.layers import BUILDS_ON
+
 pytestmark = pytest.mark.slow  # the whole benchmark, about 20 s at its smallest
 
 ROOT = Path(__file__).resolve().parents[2]
-PARTS = ("single", "breakdown", "distance", "server", "callers", "routing", "endings", "receipts")
+PARTS = (
+    *("single", "breakdown", "layers", "distance", "server"),
+    *("callers", "routing", "endings", "receipts"),
+)
 SMALLEST = (
     *("--single-rounds", "2", "--rounds", "2", "--per-round", "2", "--warmup", "2"),
     *("--far-rounds", "1", "--far-per-round", "2", "--server-calls", "5"),
@@ -149,6 +154,15 @@ def test_callers_breakdown_and_routing_have_their_figures(written: dict[str, Any
     }
     assert list(written["routing"]) == ["canonical", "queue storage"]
     assert _not_positive(written["routing"]) == []
+
+
+def test_the_layers_part_builds_from_the_pool_floor_to_the_public_call(
+    written: dict[str, Any],
+) -> None:
+    layers = written["layers"]
+    assert list(layers) == ["pool floor", *BUILDS_ON]
+    assert _not_positive(layers) == []
+    assert set(BUILDS_ON.values()) <= set(layers)
 
 
 def test_the_endings_part_has_each_endings_floors_and_forms(written: dict[str, Any]) -> None:

@@ -17,9 +17,6 @@ validation of the same arguments costs what a loop would say, the first several 
 
 from __future__ import annotations
 
-import random
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -31,9 +28,14 @@ from awa_sa.compiled import run as run_query
 from awa_sa.internals import Direct, autocommit_off, autocommit_on, checkin_idle, checkout
 from awa_sa.statements.canonical import MOVE_IF_CANONICAL
 from bench.floor import pool_floor
+from bench.measure import interleave
+from bench.variants import Variant
 from bench.workload import KIND, Jobs, move_values, one_statement_text
 
 Op = Callable[[int, int], Any]
+
+GROUP = "psycopg"
+"""The driver whose Engine form is split (the bench's variants are named by their driver)."""
 
 BUILDS_ON = {
     "+ the direct path's I/O": "pool floor",
@@ -45,6 +47,8 @@ BUILDS_ON = {
     "+ the public call": "+ the form (forms.within)",
 }
 """The variant each one adds its layer to ("twice" is an aside: the same layer again)."""
+LAYERS = ("pool floor", *BUILDS_ON)
+"""Every variant, in order."""
 
 
 def _layers(engine: sa.Engine) -> dict[str, Op]:
@@ -86,39 +90,16 @@ def _layers(engine: sa.Engine) -> dict[str, Op]:
     def call(job_id: int, lease: int) -> Any:
         return reschedule_canonical_attempt(engine, job_id, lease, KIND)
 
-    return {
-        "pool floor": pool_floor(engine, one),
-        "+ the direct path's I/O": io,
-        "+ validation": validated,
-        "+ validation, twice": validated_twice,
-        "+ the statement as a Query": query,
-        "+ the flow's step (flow.alone)": step,
-        "+ the form (forms.within)": form,
-        "+ the public call": call,
-    }
+    ops = (pool_floor(engine, one), io, validated, validated_twice, query, step, form, call)
+    return dict(zip(LAYERS, ops, strict=True))
 
 
 def run(url: str, rounds: int, per_round: int, warmup: int) -> dict[str, float]:
-    """Median client CPU per call of each variant, in µs, the variants shuffled every round."""
+    """Median client CPU per call of each variant, in µs, interleaved as part 1 is."""
     engine = sa.create_engine(url, pool_size=2)
     try:
-        layers = _layers(engine)
-        jobs = Jobs(url)
-        jobs.seed(len(layers) * (warmup + rounds * per_round))
-        for op in layers.values():
-            for job in jobs.take(warmup):
-                op(*job)
-        samples: dict[str, list[float]] = {name: [] for name in layers}
-        order = list(layers)
-        shuffle = random.Random(26).shuffle  # the same orders every run
-        for _ in range(rounds):
-            shuffle(order)
-            for name in order:
-                op, taken = layers[name], jobs.take(per_round)
-                start = time.thread_time_ns()
-                for job in taken:
-                    op(*job)
-                samples[name].append((time.thread_time_ns() - start) / per_round / 1000)
-        return {name: statistics.median(values) for name, values in samples.items()}
+        variants = [Variant(GROUP, name, op) for name, op in _layers(engine).items()]
+        samples = interleave(variants, Jobs(url), rounds=rounds, per_round=per_round, warmup=warmup)
+        return {v.form: samples[v.name].summary()["cpu_us"] for v in variants}
     finally:
         engine.dispose()

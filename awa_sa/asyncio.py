@@ -1,12 +1,13 @@
 """The async face: the same flow on ``AsyncEngine``/``AsyncConnection`` (psycopg 3 or asyncpg).
 
 The sync flow runs in SQLAlchemy's greenlet bridge, so there is one copy of the decision logic
-and both faces send the same compiled statements. An ``AsyncConnection`` runs it through
-``run_sync``. An ``AsyncEngine`` runs the whole sync Engine form (checkout, the one statement
-in autocommit -- or BEGIN, the flow, COMMIT when it says to go on -- and checkin) in one
-greenlet, as ``AsyncConnection`` runs each of those steps, rather than one greenlet and
-event-loop round per step: ``async with engine.begin()`` costs five of them and a task. The
-sync engine, its pool and its events are the same either way.
+and both faces send the same compiled statements. An ``AsyncConnection`` runs it in a greenlet
+on its sync Connection, as ``run_sync`` would. An ``AsyncEngine`` runs the whole sync Engine
+form (checkout, the one statement in autocommit -- or BEGIN, the flow, COMMIT when it says to
+go on -- and checkin) in one greenlet, as ``AsyncConnection`` runs each of those steps, rather
+than one greenlet and event-loop round per step: ``async with engine.begin()`` costs five of
+them and a task. The greenlet is a kept one (``awa_sa.internals.run_in_greenlet``), not a new
+one per call. The sync engine, its pool and its events are the same either way.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from awa_sa import forms
 from awa_sa.calls import AnyCall, prepare, prepare_all, prepare_batch, prepare_result
 from awa_sa.drivers import check_dialect
 from awa_sa.errors import ValidationError, translated_error
-from awa_sa.internals import greenlet_spawn
+from awa_sa.internals import run_in_greenlet
 from awa_sa.kinds import Attempt, Ending, Kind, Outcome, Result, Settle, Settlement
 from awa_sa.reschedule import settling, settlings
 from awa_sa.running import RunningAttempt
@@ -153,11 +154,13 @@ async def _within(
     bind: AsyncEngine | AsyncConnection | AsyncSession, calls: Sequence[AnyCall]
 ) -> list[Ending]:
     if isinstance(bind, AsyncEngine):
-        return await greenlet_spawn(forms.within, bind.sync_engine, calls)
-    try:  # a connection that died under run_sync, or a Session's autobegin
+        return await run_in_greenlet(forms.within, bind.sync_engine, calls)
+    try:  # a connection that died in the greenlet, or a Session's autobegin
         if isinstance(bind, AsyncSession):
             bind = await bind.connection()
-        return await bind.run_sync(forms.in_transaction, calls)
+        if bind.sync_connection is None:  # not started: run_sync raises SQLAlchemy's error
+            return await bind.run_sync(forms.in_transaction, calls)
+        return await run_in_greenlet(forms.in_transaction, bind.sync_connection, calls)
     except Exception as exc:
         # translated() entered only once something was raised (as in awa_sa.forms)
         raise translated_error(exc)  # noqa: B904 -- translated() chained it already

@@ -7,11 +7,13 @@ beside it fails if the internal it relies on moves.
 
 from __future__ import annotations
 
+import functools
 import sys
+import threading
 import traceback
 from collections import namedtuple
-from collections.abc import Mapping
-from typing import Any, NoReturn
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn, TypeVar
 
 from sqlalchemy import Connection
 from sqlalchemy.engine import Dialect, Engine
@@ -23,13 +25,7 @@ from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import NullType
-
-# sqlalchemy.util.greenlet_spawn is not documented. It runs a sync function in a greenlet
-# that AsyncConnection's awaits can switch out of: the AsyncEngine form runs the whole sync
-# Engine form (checkout, the flow, COMMIT, checkin) in one, where the public way (`async with
-# engine.begin()`, then run_sync) costs five greenlet switches and event-loop rounds more.
-# tests/integration/test_async_engine_form.py.
-from sqlalchemy.util import greenlet_spawn, is_exit_exception
+from sqlalchemy.util import is_exit_exception
 
 __all__ = [
     "Direct",
@@ -40,11 +36,85 @@ __all__ = [
     "checkout",
     "connect_isolation_level",
     "direct_allowed",
-    "greenlet_spawn",
     "in_autocommit",
     "lean_execute",
+    "run_in_greenlet",
     "while_connecting",
 ]
+
+
+_T = TypeVar("_T")
+
+_DONE = object()
+"""What a carrier switches back with once its function has returned or raised."""
+_IDLE_CARRIERS = 8
+"""Carriers kept per thread: as many as its event loop has ran awa-sa calls at once, up to this."""
+_idle = threading.local()
+
+
+async def run_in_greenlet(fn: Callable[..., _T], *args: Any) -> _T:
+    """``fn(*args)``, run where SQLAlchemy's ``await_()`` can switch out of it, as
+    ``sqlalchemy.util.greenlet_spawn`` (undocumented) and ``AsyncConnection.run_sync`` run it.
+
+    The async faces run the sync flow so: an ``AsyncEngine`` call runs the whole Engine form
+    (checkout, statement, checkin) in one greenlet, not one per step as ``async with
+    engine.connect()`` would. ``greenlet_spawn`` makes a new greenlet for every call, and with it
+    a new stack for its Python frames: memory mapped, faulted in and unmapped each time
+    (a page fault per call; docs/performance.md has what that costs). The greenlet here is kept
+    and reused. What ``await_()`` asks
+    of it is the marker ``__sqlalchemy_greenlet_provider__`` (undocumented; SQLAlchemy 2.0 and
+    2.1 alike) and that its parent, the caller's greenlet, awaits what it is switched to, which
+    the loop below does as ``greenlet_spawn``'s does, exceptions thrown back in included. It
+    runs in the caller's ``contextvars`` context. tests/unit/test_greenlet_carrier.py.
+    """
+    carrier_type, current = _carriers()
+    idle: list[Any] = _idle.__dict__.setdefault("carriers", [])
+    carrier = idle.pop() if idle else carrier_type()
+    caller = current()
+    carrier.parent = caller
+    carrier.gr_context = caller.gr_context
+    step = carrier.switch(fn, args)
+    while step is not _DONE:
+        try:
+            value = await step
+        except BaseException:
+            step = carrier.throw(*sys.exc_info())
+        else:
+            step = carrier.switch(value)
+    value, error = carrier.outcome
+    carrier.outcome = carrier.gr_context = None  # an idle carrier holds nothing of the call
+    if len(idle) < _IDLE_CARRIERS:
+        idle.append(carrier)
+    if error is not None:
+        raise error
+    return value  # type: ignore[no-any-return]
+
+
+@functools.cache
+def _carriers() -> tuple[type[Any], Callable[[], Any]]:
+    """The carrier greenlet's class, and ``greenlet.getcurrent``: made on first use, since
+    greenlet is in the async extras only."""
+    from greenlet import GreenletExit, getcurrent, greenlet  # noqa: PLC0415
+
+    class Carrier(greenlet):  # type: ignore[misc]  # greenlet has no annotations
+        __sqlalchemy_greenlet_provider__ = True
+        outcome: tuple[Any, BaseException | None] | None = None
+
+        def __init__(self) -> None:
+            super().__init__(self._serve)
+
+        def _serve(self, fn: Any, args: Any) -> None:
+            while True:
+                try:
+                    self.outcome = (fn(*args), None)
+                except GreenletExit:  # collected while suspended: let it end
+                    raise
+                except BaseException as exc:
+                    self.outcome = (None, exc)
+                fn = args = None  # nor while it waits for the next
+                fn, args = self.parent.switch(_DONE)
+
+    return Carrier, getcurrent
 
 
 def while_connecting(exc: BaseException) -> bool:

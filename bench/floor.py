@@ -21,7 +21,7 @@ import psycopg
 from sqlalchemy.engine import Engine, make_url
 
 from awa_sa.compiled import Compiled
-from awa_sa.internals import greenlet_spawn
+from awa_sa.internals import run_in_greenlet
 from bench.workload import move_values
 
 Op = Callable[[int, int], Any]
@@ -292,7 +292,7 @@ def native_pool_floor(engine: Engine, one: Compiled) -> Callable[[int, int], Awa
     asyncpg = engine.dialect.driver == "asyncpg"
 
     async def op(job_id: int, lease: int) -> Any:
-        fairy = await greenlet_spawn(engine.raw_connection)
+        fairy = await run_in_greenlet(engine.raw_connection)
         try:
             conn: Any = fairy.driver_connection
             values = one.params(move_values(job_id, lease))
@@ -306,6 +306,6 @@ def native_pool_floor(engine: Engine, one: Compiled) -> Callable[[int, int], Awa
             await cursor.close()
             return rows
         finally:
-            await greenlet_spawn(fairy.close)
+            await run_in_greenlet(fairy.close)
 
     return op

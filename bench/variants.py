@@ -32,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 from awa_sa import asyncio as awa_async
 from awa_sa import reschedule_canonical_attempt
 from awa_sa.errors import AwaSAError
-from awa_sa.internals import greenlet_spawn
+from awa_sa.internals import run_in_greenlet
 from bench import floor
 from bench.floor import Close, Floor, Op, Step, blocking
 from bench.workload import KIND, Jobs, canonical_texts, move_values, one_statement_text
@@ -192,7 +192,7 @@ def _async_driver(
     pooled = floor.pool_floor(engine.sync_engine, one)
 
     async def pool(job_id: int, lease: int) -> Any:
-        return await greenlet_spawn(pooled, job_id, lease)  # as the AsyncEngine form runs
+        return await run_in_greenlet(pooled, job_id, lease)  # as the AsyncEngine form runs
 
     async def awa_engine(job_id: int, lease: int) -> Any:
         return await awa_async.reschedule_canonical_attempt(engine, job_id, lease, KIND)

@@ -24,7 +24,7 @@ from sqlalchemy.pool import PoolResetState
 import awa_sa
 import awa_sa.asyncio as awa_async
 from awa_sa.errors import CONNECTION_LOST
-from awa_sa.internals import Direct, checkout, direct_allowed, greenlet_spawn
+from awa_sa.internals import Direct, checkout, direct_allowed, run_in_greenlet
 
 
 @pytest.fixture
@@ -54,14 +54,14 @@ async def test_asyncpg_takes_it_with_its_contexts_steps(db_url: str) -> None:
             await conn.exec_driver_sql("CREATE TABLE direct_schema (x int)")
             await conn.exec_driver_sql("INSERT INTO direct_schema VALUES (1)")
         select = "SELECT * FROM direct_schema"
-        assert await greenlet_spawn(_direct_send, engine.sync_engine, select) == [(1,)]
+        assert await run_in_greenlet(_direct_send, engine.sync_engine, select) == [(1,)]
         async with engine.begin() as conn:  # the pool's one connection: it sees no error
             await conn.exec_driver_sql("ALTER TABLE direct_schema ALTER x TYPE bigint")
         before = engine.dialect._invalidate_schema_cache_asof  # type: ignore[attr-defined]
         with pytest.raises(sa.exc.DBAPIError, match="InvalidCachedStatement"):
-            await greenlet_spawn(_direct_send, engine.sync_engine, select)
+            await run_in_greenlet(_direct_send, engine.sync_engine, select)
         assert engine.dialect._invalidate_schema_cache_asof > before  # type: ignore[attr-defined]
-        assert await greenlet_spawn(_direct_send, engine.sync_engine, select) == [(1,)]
+        assert await run_in_greenlet(_direct_send, engine.sync_engine, select) == [(1,)]
         async with engine.begin() as conn:
             job = await conn.run_sync(insert_job)
         outcome = await awa_async.reschedule_canonical_attempt(engine, job, 1, SNOOZE)

@@ -8,7 +8,8 @@ on its own, interleaved round by round:
 * each statement: ``exec_driver_sql`` and reading its result, against the same text on the
   same connection through the raw driver, in the same transaction (the move names no job, so it
   moves nothing and can repeat);
-* async only: one greenlet round (``greenlet_spawn`` of a no-op against awaiting a no-op), and
+* async only: one greenlet round (``greenlet_spawn`` of a no-op, a new greenlet, and
+  ``awa_sa.internals.run_in_greenlet`` of one, a kept greenlet, against awaiting a no-op), and
   each statement through SQLAlchemy's async adaptation inside one greenlet against the same
   statement awaited on the raw async driver.
 
@@ -29,6 +30,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.util import greenlet_spawn
 
+from awa_sa.internals import run_in_greenlet
 from bench.workload import canonical_texts, move_values
 
 Step = Callable[[], object]
@@ -102,6 +104,10 @@ def asynchronous(url: str, rounds: int, per_round: int) -> dict[str, float]:
         for _ in range(per_round):
             await greenlet_spawn(lambda: None)
 
+    async def kept() -> None:
+        for _ in range(per_round):
+            await run_in_greenlet(lambda: None)
+
     async def raw_lock() -> Any:
         if asyncpg:
             return await raw.fetch(lock.sql)
@@ -133,6 +139,7 @@ def asynchronous(url: str, rounds: int, per_round: int) -> dict[str, float]:
     steps: dict[str, Step] = {
         "await": lambda: loop.run_until_complete(awaits()),
         "greenlet": lambda: loop.run_until_complete(greenlets()),
+        "kept greenlet": lambda: loop.run_until_complete(kept()),
         "pool": in_greenlet(pool),
         "lock": in_greenlet(lambda: sync_conn.exec_driver_sql(lock.sql).first()),
         "lock raw": run(raw_lock),
@@ -150,7 +157,8 @@ def asynchronous(url: str, rounds: int, per_round: int) -> dict[str, float]:
         loop.close()
     n = per_round
     return {
-        "one greenlet (run_sync, or a whole AsyncEngine call)": (t["greenlet"] - t["await"]) / n,
+        "one new greenlet (greenlet_spawn, as run_sync)": (t["greenlet"] - t["await"]) / n,
+        "one kept greenlet (a whole awa-sa async call)": (t["kept greenlet"] - t["await"]) / n,
         "pool: checkout, Connection, checkin": t["pool"] / n,
         "lock statement over the raw driver": (t["lock"] - t["lock raw"]) / n,
         "move statement over the raw driver": (t["move"] - t["move raw"]) / n,

@@ -11,11 +11,13 @@ TARGET = {"Engine": 0.85, "Connection": 0.95, "AsyncEngine": 0.95, "AsyncConnect
 """Each awa-sa form's median over its driver's floor, at most (loopback): BEGIN/lock/move/COMMIT
 for the Engine forms, the lock and move inside an open transaction for the Connection forms."""
 TARGET_GROUPS = {
+    "Engine": ("psycopg",),
     "Connection": ("psycopg",),
     "AsyncConnection": ("psycopg async", "asyncpg"),
 }
-"""Where a form's floor target is set only for some drivers (issue 26: the Connection forms on
-the drivers that prepare); elsewhere the ratio is shown without a verdict."""
+"""Where a form's floor target is set only for some drivers (issue 26: on the drivers that
+prepare; psycopg2's and pg8000's Engine forms have theirs against the one-statement floor);
+elsewhere the ratio is shown without a verdict."""
 ONE_TARGET = {"psycopg": 1.30, "psycopg async": 1.30, "asyncpg": 1.30, "psycopg2": 1.25}
 ONE_TARGET |= {"pg8000": 1.25}
 """The Engine (or AsyncEngine) form over its driver's one-statement floor, at most."""

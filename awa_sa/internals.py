@@ -48,7 +48,7 @@ _T = TypeVar("_T")
 _DONE = object()
 """What a carrier switches back with once its function has returned or raised."""
 _IDLE_CARRIERS = 8
-"""Carriers kept per thread: as many as its event loop has ran awa-sa calls at once, up to this."""
+"""Idle carriers kept per thread: as many as it has run awa-sa calls at once, up to this."""
 _idle = threading.local()
 
 
@@ -58,14 +58,14 @@ async def run_in_greenlet(fn: Callable[..., _T], *args: Any) -> _T:
 
     The async faces run the sync flow so: an ``AsyncEngine`` call runs the whole Engine form
     (checkout, statement, checkin) in one greenlet, not one per step as ``async with
-    engine.connect()`` would. ``greenlet_spawn`` makes a new greenlet for every call, and with it
-    a new stack for its Python frames: memory mapped, faulted in and unmapped each time
-    (a page fault per call; docs/performance.md has what that costs). The greenlet here is kept
-    and reused. What ``await_()`` asks
-    of it is the marker ``__sqlalchemy_greenlet_provider__`` (undocumented; SQLAlchemy 2.0 and
-    2.1 alike) and that its parent, the caller's greenlet, awaits what it is switched to, which
-    the loop below does as ``greenlet_spawn``'s does, exceptions thrown back in included. It
-    runs in the caller's ``contextvars`` context. tests/unit/test_greenlet_carrier.py.
+    engine.connect()`` would. ``greenlet_spawn`` makes a new greenlet for every call, and with
+    it a new stack for its Python frames: mapped, faulted in and unmapped each time (a page
+    fault per call; docs/performance.md#kept-greenlet says what that costs). The greenlet here
+    is kept and reused. ``await_()`` asks two things of it, on SQLAlchemy 2.0 and 2.1 alike:
+    the (undocumented) marker ``__sqlalchemy_greenlet_provider__``, and a parent that awaits
+    what it is switched to and switches back with the result or throws the error in, which the
+    loop below does as ``greenlet_spawn``'s does. ``fn`` runs in the caller's ``contextvars``
+    context. tests/unit/test_greenlet_carrier.py.
     """
     carrier_type, current = _carriers()
     idle: list[Any] = _idle.__dict__.setdefault("carriers", [])

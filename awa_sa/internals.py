@@ -96,23 +96,26 @@ def _carriers() -> tuple[type[Any], Callable[[], Any]]:
     greenlet is in the async extras only."""
     from greenlet import GreenletExit, getcurrent, greenlet  # noqa: PLC0415
 
+    def serve(fn: Any, args: Any) -> None:
+        """A carrier's run: every call it is switched to. It never holds itself (nor the call,
+        once done) in a local, so that a carrier no one keeps is freed at once, ended by the
+        GreenletExit greenlet raises in it, rather than left in a cycle, suspended."""
+        while True:
+            try:
+                getcurrent().outcome = (fn(*args), None)
+            except GreenletExit:
+                raise
+            except BaseException as exc:
+                getcurrent().outcome = (None, exc)
+            fn = args = None
+            fn, args = getcurrent().parent.switch(_DONE)
+
     class Carrier(greenlet):  # type: ignore[misc]  # greenlet has no annotations
         __sqlalchemy_greenlet_provider__ = True
         outcome: tuple[Any, BaseException | None] | None = None
 
         def __init__(self) -> None:
-            super().__init__(self._serve)
-
-        def _serve(self, fn: Any, args: Any) -> None:
-            while True:
-                try:
-                    self.outcome = (fn(*args), None)
-                except GreenletExit:  # collected while suspended: let it end
-                    raise
-                except BaseException as exc:
-                    self.outcome = (None, exc)
-                fn = args = None  # nor while it waits for the next
-                fn, args = self.parent.switch(_DONE)
+            super().__init__(serve)
 
     return Carrier, getcurrent
 

@@ -124,12 +124,18 @@ async def test_an_idle_greenlet_holds_nothing_of_its_call() -> None:
 
 async def test_a_thread_keeps_only_a_few_idle() -> None:
     release = asyncio.Event()
-    many = 3 * internals._IDLE_CARRIERS
-    tasks = [asyncio.create_task(run_in_greenlet(await_only, release.wait())) for _ in range(many)]
+    carriers: list[weakref.ref[Any]] = []
+
+    def waiting() -> None:
+        carriers.append(weakref.ref(getcurrent()))
+        await_only(release.wait())
+
+    tasks = [asyncio.create_task(run_in_greenlet(waiting)) for _ in range(24)]
     await asyncio.sleep(0)
     release.set()
     await asyncio.gather(*tasks)
     assert len(internals._idle.carriers) == internals._IDLE_CARRIERS
+    assert sum(carrier() is not None for carrier in carriers) == internals._IDLE_CARRIERS
 
 
 def test_each_thread_has_its_own() -> None:
@@ -144,3 +150,21 @@ def test_each_thread_has_its_own() -> None:
     for thread in threads:
         thread.join()
     assert found == ["thread", "thread"]
+
+
+def test_a_carrier_no_one_keeps_ends_at_once_even_suspended() -> None:
+    carrier_type, _ = internals._carriers()
+    ended: list[str] = []
+
+    def suspended() -> None:
+        try:
+            getcurrent().parent.switch("suspended")
+        finally:
+            ended.append("unwound")
+
+    carrier = carrier_type()
+    assert carrier.switch(suspended, ()) == "suspended"
+    finished = weakref.ref(carrier)
+    del carrier  # no cycle to wait for the collector: freed here, and ended
+    assert ended == ["unwound"]
+    assert finished() is None

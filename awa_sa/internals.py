@@ -13,7 +13,7 @@ import threading
 import traceback
 from collections import namedtuple
 from collections.abc import Callable, Mapping
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar, cast
 
 from sqlalchemy import Connection
 from sqlalchemy.engine import Dialect, Engine
@@ -25,7 +25,7 @@ from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import NullType
-from sqlalchemy.util import is_exit_exception
+from sqlalchemy.util import await_only, is_exit_exception
 
 __all__ = [
     "Direct",
@@ -395,13 +395,13 @@ class Direct:
     autocommit try (:func:`awa_sa.compiled.run` sends through :meth:`send`).
     """
 
-    __slots__ = ("_schema_stamped", "dialect", "engine", "fairy")
+    __slots__ = ("_asyncpg", "dialect", "engine", "fairy")
 
     def __init__(self, engine: Engine, fairy: PoolProxiedConnection) -> None:
         self.engine = engine
         self.dialect = engine.dialect
         self.fairy = fairy
-        self._schema_stamped = self.dialect.driver == _ASYNCPG
+        self._asyncpg = self.dialect.driver == _ASYNCPG
 
     @property
     def connection(self) -> PoolProxiedConnection:
@@ -433,8 +433,10 @@ class Direct:
 
     def send(self, statement: str, parameters: Mapping[str, Any] | tuple[Any, ...]) -> list[Any]:
         """*statement* with *parameters* on a cursor of its own, its rows fetched."""
+        if self._asyncpg and getattr(self.fairy.dbapi_connection, "autocommit", False):
+            return self._fetch_natively(statement, cast(tuple[Any, ...], parameters))
         cursor = self.fairy.cursor()
-        if self._schema_stamped:  # asyncpg's pre_exec
+        if self._asyncpg:  # asyncpg's pre_exec
             stamp = self.dialect._invalidate_schema_cache_asof  # type: ignore[attr-defined]
             cursor._invalidate_schema_cache_asof = stamp  # type: ignore[attr-defined]
         try:
@@ -445,6 +447,34 @@ class Direct:
         finally:
             if self.fairy.is_valid:
                 cursor.close()
+
+    def _fetch_natively(self, statement: str, parameters: tuple[Any, ...]) -> list[Any]:
+        """*statement* by asyncpg's own ``fetch`` on the pooled connection, in autocommit.
+
+        SQLAlchemy's asyncpg adapter runs an autocommit statement outside a transaction too,
+        through its own prepared-statement cache, an asyncio lock, the cursor description
+        built per call and the status line parsed by a regular expression. asyncpg's ``fetch``
+        runs the same statement through asyncpg's own statement cache (``statement_cache_size``
+        in ``connect_args``, as docs/deploying.md sets it for PgBouncer), and re-prepares by
+        itself once outside a transaction when a schema change broke the cached plan. Errors go
+        through the adapter's own translation (its undocumented ``_handle_exception``), then as
+        any other. docs/performance.md#asyncpg-natively; tests/integration/test_direct.py.
+        """
+        adapted: Any = self.fairy.dbapi_connection
+        driver: Any = self.fairy.driver_connection
+        try:
+            try:
+                records = await_only(driver.fetch(statement, *parameters))
+            except Exception as exc:
+                adapted._handle_exception(exc)  # raises the adapter's error for it
+        except BaseException as exc:
+            self._failed(exc, statement, parameters, None)
+        if not records:
+            return []
+        row: Any = _row_types.get(statement)
+        if row is None:
+            row = _row_types[statement] = _row_type(list(records[0].keys()))
+        return list(map(row._make, records))
 
     def _failed(
         self,
@@ -467,7 +497,7 @@ class Direct:
                 self.engine.pool._invalidate(self.fairy, exc)  # the pool's older ones too
         if not isinstance(exc, error):
             raise exc
-        if self._schema_stamped and isinstance(exc, _schema_changed(dialect)):
+        if self._asyncpg and isinstance(exc, _schema_changed(dialect)):
             dialect._invalidate_schema_cache()  # type: ignore[attr-defined]  # its context's
         raise DBAPIError.instance(
             statement,

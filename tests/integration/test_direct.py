@@ -45,8 +45,10 @@ def test_an_engine_that_no_one_watches_takes_it(plain: sa.Engine, db_url: str) -
 async def test_asyncpg_takes_it_with_its_contexts_steps(db_url: str) -> None:
     """asyncpg's execution context stamps each cursor with the time the dialect last saw the
     schema change, and moves that time on after a statement fails for a changed schema, so
-    that every connection prepares afresh. The direct path does both: a statement whose
-    prepared plan a schema change broke fails once, and runs again on the same connection."""
+    that every connection prepares afresh. The direct path does both in the driver's own
+    transaction: a statement whose prepared plan a schema change broke fails once, and runs
+    again on the same connection. In autocommit it fetches natively, and asyncpg re-prepares
+    the statement by itself: it does not fail."""
     engine = create_async_engine(driver_url(db_url, "asyncpg"), pool_size=1)
     try:
         assert direct_allowed(engine.sync_engine)
@@ -54,14 +56,19 @@ async def test_asyncpg_takes_it_with_its_contexts_steps(db_url: str) -> None:
             await conn.exec_driver_sql("CREATE TABLE direct_schema (x int)")
             await conn.exec_driver_sql("INSERT INTO direct_schema VALUES (1)")
         select = "SELECT * FROM direct_schema"
-        assert await run_in_greenlet(_direct_send, engine.sync_engine, select) == [(1,)]
+        for autocommit in (True, False):
+            assert await run_in_greenlet(_direct_send, engine.sync_engine, select, autocommit) == [
+                (1,)
+            ]
         async with engine.begin() as conn:  # the pool's one connection: it sees no error
             await conn.exec_driver_sql("ALTER TABLE direct_schema ALTER x TYPE bigint")
         before = engine.dialect._invalidate_schema_cache_asof  # type: ignore[attr-defined]
-        with pytest.raises(sa.exc.DBAPIError, match="InvalidCachedStatement"):
-            await run_in_greenlet(_direct_send, engine.sync_engine, select)
-        assert engine.dialect._invalidate_schema_cache_asof > before  # type: ignore[attr-defined]
         assert await run_in_greenlet(_direct_send, engine.sync_engine, select) == [(1,)]
+        assert engine.dialect._invalidate_schema_cache_asof == before  # type: ignore[attr-defined]
+        with pytest.raises(sa.exc.DBAPIError, match="InvalidCachedStatement"):
+            await run_in_greenlet(_direct_send, engine.sync_engine, select, False)
+        assert engine.dialect._invalidate_schema_cache_asof > before  # type: ignore[attr-defined]
+        assert await run_in_greenlet(_direct_send, engine.sync_engine, select, False) == [(1,)]
         async with engine.begin() as conn:
             job = await conn.run_sync(insert_job)
         outcome = await awa_async.reschedule_canonical_attempt(engine, job, 1, SNOOZE)
@@ -72,14 +79,52 @@ async def test_asyncpg_takes_it_with_its_contexts_steps(db_url: str) -> None:
         await engine.dispose()
 
 
-def _direct_send(engine: sa.Engine, statement: str) -> list[tuple[object, ...]]:
-    """*statement* sent as the Engine form's direct path sends its own, its rows as tuples."""
+async def test_asyncpg_natively_answers_and_fails_as_its_adapter(db_url: str) -> None:
+    """In autocommit the direct path sends by asyncpg's own ``fetch``, not through
+    SQLAlchemy's adapter: the same rows, the same translated error, and a dead connection
+    invalidated as the adapter's would be (awa_sa.internals.Direct)."""
+    engine = create_async_engine(driver_url(db_url, "asyncpg"), pool_size=1)
+    sync = engine.sync_engine
+    answer = "SELECT 1 AS one, 'two' AS two"
+    try:
+        assert await run_in_greenlet(_direct_send, sync, answer) == [(1, "two")]
+        adapted = await run_in_greenlet(lambda: checkout(sync))
+        cache = adapted.dbapi_connection._prepared_statement_cache  # type: ignore[union-attr]
+        assert answer not in cache  # asyncpg's statement cache had it, not the adapter's
+        await run_in_greenlet(adapted.close)
+        assert await run_in_greenlet(_direct_send, sync, answer, False) == [(1, "two")]
+        failures = []
+        for autocommit in (True, False):
+            with pytest.raises(sa.exc.DBAPIError) as raised:
+                await run_in_greenlet(_direct_send, sync, "SELECT 1 / 0", autocommit)
+            failures.append((type(raised.value), type(raised.value.orig)))
+            assert raised.value.orig.sqlstate == "22012"  # type: ignore[union-attr]
+        assert failures[0] == failures[1]
+        ((pid,),) = await run_in_greenlet(_direct_send, sync, "SELECT pg_backend_pid()")
+        killer = sa.create_engine(db_url, poolclass=sa.NullPool)
+        with killer.connect() as conn:
+            conn.exec_driver_sql("SELECT pg_terminate_backend(%(pid)s)", {"pid": pid})
+        killer.dispose()
+        with pytest.raises(sa.exc.DBAPIError) as lost:
+            await run_in_greenlet(_direct_send, sync, answer)
+        assert lost.value.connection_invalidated
+        assert await run_in_greenlet(_direct_send, sync, answer) == [(1, "two")]
+    finally:
+        await engine.dispose()
+
+
+def _direct_send(
+    engine: sa.Engine, statement: str, autocommit: bool = True
+) -> list[tuple[object, ...]]:
+    """*statement* sent as the Engine form's direct path sends its own (in autocommit, or in
+    the driver's own transaction, rolled back at checkin), its rows as tuples."""
     fairy = checkout(engine)
     try:
-        fairy.dbapi_connection.autocommit = True  # type: ignore[union-attr]
+        fairy.dbapi_connection.autocommit = autocommit  # type: ignore[union-attr]
         return [tuple(row) for row in Direct(engine, fairy).send(statement, ())]
     finally:
-        fairy.dbapi_connection.autocommit = False  # type: ignore[union-attr]
+        if fairy.is_valid:
+            fairy.dbapi_connection.autocommit = False  # type: ignore[union-attr]
         fairy.close()
 
 

@@ -245,15 +245,17 @@ def fetched(statement: str, cursor: DBAPICursor) -> list[Any]:
     row = _row_types.get(statement, _UNKNOWN)
     if row is _UNKNOWN:
         description = cursor.description
-        names = None if description is None else [column[0] for column in description]
-        row = _row_types[statement] = None if names is None else _row_type(names)
+        row = _learned(statement, None if description is None else [c[0] for c in description])
     return [] if row is None else list(map(row._make, cursor.fetchall()))
 
 
-def _row_type(names: list[str]) -> type[tuple[Any, ...]]:
-    """The named-tuple class of an answer with columns *names*: an unlabelled column (or a
-    name that is not an identifier) becomes ``_<position>``, and no reader reads it by name."""
-    return namedtuple("Row", names, rename=True)
+def _learned(statement: str, names: list[str] | None) -> Any:
+    """*statement*'s row class, kept: the named tuple of an answer with columns *names* (None
+    for a statement without rows). An unlabelled column (or a name that is not an identifier)
+    becomes ``_<position>``, and no reader reads it by name."""
+    row = None if names is None else namedtuple("Row", names, rename=True)
+    _row_types[statement] = row
+    return row
 
 
 _UNKNOWN: Any = object()
@@ -471,9 +473,9 @@ class Direct:
             self._failed(exc, statement, parameters, None)
         if not records:
             return []
-        row: Any = _row_types.get(statement)
-        if row is None:
-            row = _row_types[statement] = _row_type(list(records[0].keys()))
+        row = _row_types.get(statement, _UNKNOWN)
+        if row is _UNKNOWN:
+            row = _learned(statement, list(records[0].keys()))
         return list(map(row._make, records))
 
     def _failed(

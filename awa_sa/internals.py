@@ -68,7 +68,10 @@ async def run_in_greenlet(fn: Callable[..., _T], *args: Any) -> _T:
     context. tests/unit/test_greenlet_carrier.py.
     """
     carrier_type, current = _carriers()
-    idle: list[Any] = _idle.__dict__.setdefault("carriers", [])
+    try:
+        idle: list[Any] = _idle.carriers
+    except AttributeError:  # the thread's first call
+        idle = _idle.carriers = []
     carrier = idle.pop() if idle else carrier_type()
     caller = current()
     carrier.parent = caller

@@ -21,11 +21,12 @@ from multiprocessing.synchronize import Event
 from typing import Any
 from urllib.parse import quote, urlencode
 
+import psycopg
 import sqlalchemy as sa
 
 from awa_sa import reschedule_canonical_attempt
-from bench.floor import psycopg_floor
-from bench.workload import KIND, Jobs, canonical_texts
+from bench.floor import psycopg_raw
+from bench.workload import KIND, Jobs, canonical_texts, one_statement_text
 
 APP = "awa-sa-bench-caller"
 TRACKED = "-c pg_stat_statements.track=top"
@@ -76,7 +77,12 @@ def _op(form: str, url: str) -> Callable[[int, int], Any]:
     settings = {"application_name": APP, "options": TRACKED}
     if form == "floor":
         dsn = url.replace("+psycopg", "") + "?" + urlencode(settings, quote_via=quote)
-        return psycopg_floor(dsn, canonical_texts(sa.create_engine(url).dialect)).op
+        dialect = sa.create_engine(url).dialect
+        raw, conn = (
+            psycopg_raw(canonical_texts(dialect), one_statement_text(dialect)),
+            psycopg.connect(dsn),
+        )
+        return lambda job_id, lease: raw.four(conn, job_id, lease)
     engine = sa.create_engine(url, pool_size=1, connect_args=settings)
     return lambda job_id, lease: reschedule_canonical_attempt(engine, job_id, lease, KIND)
 

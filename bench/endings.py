@@ -4,10 +4,11 @@ Per ending (complete, cancel, terminal failure), the floor is the UPDATE that en
 attempt the way Awa 0.6.9's worker does (docs/contract.md#endings: the state, ``finalized_at``,
 the error entry, the progress, guarded by ``(id, 'running', run_lease)``), prepared, alone in
 autocommit (one round trip), and inside a transaction the caller has open for the Connection
-form. The completion is the worker's text; the cancel and the failure carry the same columns
-and the error entry the contract gives them. awa-sa's ``settle_canonical_attempt(...)`` sends
-its one UPDATE the same way, so what is left between them is SQLAlchemy, awa-sa and the wider
-statement (the identity guard, the error entry's CASE, the answer rows).
+form, each on the driver connection of the form it is compared with (:mod:`bench.floor`). The
+completion is the worker's text; the cancel and the failure carry the same columns and the
+error entry the contract gives them. awa-sa's ``settle_canonical_attempt(...)`` sends its one
+UPDATE the same way, so what is left between them is SQLAlchemy, awa-sa and the wider statement
+(the identity guard, the error entry's CASE, the answer rows).
 
 :data:`ENDINGS` is the seam for more: the queue-storage settles, when they come, add a row with
 their own raw statement and awa-sa call, and get their floors and ratios here unchanged.
@@ -19,11 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
 import sqlalchemy as sa
 
 from awa_sa import Cancel, Complete, Fail, settle_canonical_attempt
 from awa_sa.kinds import Result
+from bench.floor import Borrowed, Step, directly, set_autocommit
 from bench.variants import Variant, Variants
 
 WORKER_COMPLETE = (
@@ -77,39 +78,35 @@ ENDINGS = (
 def build(url: str) -> Variants:
     """Every ending's variants, psycopg 3, against the database at *url*."""
     out = Variants()
-    dsn = sa.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-    alone = psycopg.connect(dsn, autocommit=True)
-    inside = psycopg.connect(dsn)
     engine = sa.create_engine(url, pool_size=2)
     held = engine.connect()
-    out.closers += [alone.close, inside.close, engine.dispose, held.close]
-
-    def begin() -> None:
-        inside.execute("SELECT 1", prepare=True).fetchall()
+    out.closers += [engine.dispose, held.close]
+    alone = Borrowed(engine, directly, set_autocommit)  # the Engine form's backend
 
     def held_begin() -> None:
         held.begin()
         held.exec_driver_sql("SELECT 1").all()
 
     for ending in ENDINGS:
-        out.items += _variants(ending, (alone, inside), (engine, held), (begin, held_begin))
+        out.items += _variants(ending, alone, (engine, held), held_begin)
     return out
 
 
 def _variants(
-    ending: Ending,
-    raw: tuple[psycopg.Connection[Any], psycopg.Connection[Any]],
-    binds: tuple[sa.Engine, sa.Connection],
-    begins: tuple[Callable[[], None], Callable[[], None]],
+    ending: Ending, alone: Borrowed, binds: tuple[sa.Engine, sa.Connection], held_begin: Step
 ) -> list[Variant]:
-    """*ending*'s floors (*raw*: autocommit, in a transaction) and awa-sa forms (*binds*)."""
-    (alone, inside), (engine, held), (begin, held_begin) = raw, binds, begins
+    """*ending*'s floors (sent by hand on the driver connection of the awa-sa form each is
+    compared with: *alone* in autocommit, the held one inside its transaction) and awa-sa's
+    forms (*binds*)."""
+    engine, held = binds
 
     def floor(job_id: int, lease: int) -> Any:
-        return alone.execute(ending.sql, ending.values(job_id, lease), prepare=True).rowcount
+        values = ending.values(job_id, lease)
+        return alone.conn.execute(ending.sql, values, prepare=True).rowcount
 
     def floor_in_transaction(job_id: int, lease: int) -> Any:
-        return inside.execute(ending.sql, ending.values(job_id, lease), prepare=True).rowcount
+        conn: Any = held.connection.driver_connection
+        return conn.execute(ending.sql, ending.values(job_id, lease), prepare=True).rowcount
 
     def awa_engine(job_id: int, lease: int) -> Any:
         return settle_canonical_attempt(engine, job_id, lease, ending.result)
@@ -119,8 +116,8 @@ def _variants(
 
     g = f"psycopg {ending.name}"
     return [
-        Variant(g, "floor", floor),
-        Variant(g, "in-transaction floor", floor_in_transaction, begin, inside.commit),
+        Variant(g, "floor", floor, alone.before, alone.after),
+        Variant(g, "in-transaction floor", floor_in_transaction, held_begin, held.commit),
         Variant(g, "awa-sa Engine", awa_engine),
         Variant(g, "awa-sa Connection", awa_connection, held_begin, held.commit),
     ]

@@ -1,4 +1,4 @@
-"""The floors: the canonical reschedule done by hand on each raw driver, two ways.
+"""The floors: the canonical reschedule done by hand on each raw driver, three ways.
 
 The two-statement floor: BEGIN, the lock, the routing move, COMMIT -- four round trips, the
 canonical path before the one statement, in the text awa-sa sends for those statements on that
@@ -6,8 +6,12 @@ driver (:mod:`awa_sa.compiled`); inside a transaction the caller has open, its l
 alone (two round trips) are the floor of the Connection forms. The one-statement floor: the one
 statement (``statements.move_if_canonical``) alone in autocommit, one round trip. All are
 prepared where the driver prepares (psycopg 3 explicitly, asyncpg always; psycopg2 binds on the
-client, pg8000 prepares and drops each statement). What is left between the one-statement floor
-and awa-sa on the same driver is SQLAlchemy and awa-sa, nothing else.
+client, pg8000 prepares and drops each statement).
+
+Each floor is sent on the server connection of the forms it is compared with, not on one of its
+own (:class:`Borrowed`): on this 2-vCPU machine what a round trip costs depends on the backend
+that answers it, and that changed from run to run (docs/performance.md#same-backend). What is
+left between a floor and awa-sa on the same driver is then SQLAlchemy and awa-sa, nothing else.
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
-import psycopg
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import Engine
+from sqlalchemy.pool import PoolProxiedConnection
 
 from awa_sa.compiled import Compiled
 from awa_sa.internals import run_in_greenlet
@@ -27,6 +31,8 @@ from bench.workload import move_values
 Op = Callable[[int, int], Any]
 Step = Callable[[], Any]
 Close = Callable[[], None]
+Send = Callable[[Any, int, int], Any]
+"""Statements sent by hand on a driver connection, for one attempt ``(id, run_lease)``."""
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
@@ -40,215 +46,191 @@ def blocking(loop: asyncio.AbstractEventLoop, fn: Callable[_P, Awaitable[_R]]) -
     return run
 
 
-def _nothing() -> None:
-    """BEGIN where the driver sends it itself, before the transaction's first statement."""
-
-
 @dataclass(frozen=True, slots=True)
-class Floor:
-    """A driver's two-statement floor, in the parts a caller's transaction has.
+class Raw:
+    """One driver's floors, sent by hand on whatever driver connection they are handed.
 
-    Whole (:meth:`op`) it is BEGIN, the lock, the routing move, COMMIT: four round trips. Inside a
-    transaction the caller has opened and already used (``begin`` then ``work``, untimed), the
-    lock and the move alone are the floor of the Connection forms.
+    An async driver's are coroutine functions until :meth:`on` makes them blocking calls.
     """
 
-    begin: Step
-    work: Step  # a statement of the caller's: the transaction is open on the server
-    lock_and_move: Op
-    commit: Step
-    close: Close
+    lock_and_move: Send
+    one: Send  # on a connection in autocommit
+    commit: Callable[[Any], Any]
+    autocommit: Callable[[Any, bool], Any] | None  # None: a statement alone commits by itself
+    begin: Callable[[Any], Any] | None = None  # None: the driver sends BEGIN itself
 
-    def op(self, job_id: int, lease: int) -> Any:
-        self.begin()
-        out = self.lock_and_move(job_id, lease)
-        self.commit()
-        return out
+    def four(self, conn: Any, job_id: int, lease: int) -> Any:
+        """BEGIN, the lock, the move, COMMIT: the two-statement floor."""
+        if self.begin is not None:
+            self.begin(conn)
+        rows = self.lock_and_move(conn, job_id, lease)
+        self.commit(conn)
+        return rows
+
+    def on(self, loop: asyncio.AbstractEventLoop) -> Raw:
+        """The coroutine functions of an async driver's floors, each run to its end on *loop*."""
+
+        def run(fn: Any) -> Any:
+            return None if fn is None else blocking(loop, fn)
+
+        return Raw(
+            run(self.lock_and_move),
+            run(self.one),
+            run(self.commit),
+            autocommit=run(self.autocommit),
+            begin=run(self.begin),
+        )
 
 
-def psycopg_floor(dsn: str, texts: tuple[Compiled, Compiled]) -> Floor:
+class Borrowed:
+    """A connection of the forms' own pool, checked out before each call of a floor and
+    returned after it, both outside the clock, in autocommit meanwhile if *switch* is given.
+
+    What a loopback round trip costs here depends on the backend that answers it (where the
+    scheduler keeps it), and a floor on a connection of its own drew its own backend: the
+    ratio of a form to it moved with that draw, from run to run
+    (docs/performance.md#same-backend). Borrowed, the floor's statements reach the backend the
+    forms' statements reach.
+    """
+
+    __slots__ = ("conn", "engine", "fairy", "in_pool", "switch")
+
+    def __init__(
+        self,
+        engine: Engine,
+        in_pool: Callable[[Callable[[], Any]], Any],
+        switch: Callable[[Any, bool], Any] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.in_pool = in_pool  # runs a call of the pool's (an async engine's in a greenlet)
+        self.switch = switch
+        self.fairy: PoolProxiedConnection | None = None
+        self.conn: Any = None  # the driver connection, while borrowed
+
+    def before(self) -> None:
+        self.fairy = self.in_pool(self.engine.raw_connection)
+        self.conn = self.fairy.driver_connection
+        if self.switch is not None:
+            self.switch(self.conn, True)
+
+    def after(self) -> None:
+        if self.switch is not None:
+            self.switch(self.conn, False)
+        assert self.fairy is not None
+        self.in_pool(self.fairy.close)
+        self.fairy = self.conn = None
+
+
+def directly(fn: Callable[[], _R]) -> _R:
+    """A sync engine's pool, called as it is."""
+    return fn()
+
+
+def in_greenlet(loop: asyncio.AbstractEventLoop) -> Callable[[Callable[[], Any]], Any]:
+    """An async engine's pool, called where it may await (a new connection, pre-ping)."""
+
+    def run(fn: Callable[[], Any]) -> Any:
+        return loop.run_until_complete(run_in_greenlet(fn))
+
+    return run
+
+
+def set_autocommit(conn: Any, on: bool) -> None:
+    """A sync driver connection (psycopg 3, psycopg2, pg8000) switched to autocommit or back."""
+    conn.autocommit = on
+
+
+def _commit(conn: Any) -> Any:
+    return conn.commit()
+
+
+def psycopg_raw(texts: tuple[Compiled, Compiled], one: Compiled) -> Raw:
     lock, move = texts
-    conn = psycopg.connect(dsn)
 
-    def lock_and_move(job_id: int, lease: int) -> Any:
+    def lock_and_move(conn: Any, job_id: int, lease: int) -> Any:
         conn.execute(lock.sql, prepare=True).fetchall()
         rows = conn.execute(move.sql, move.params(move_values(job_id, lease)), prepare=True)
         return rows.fetchall()
 
-    def work() -> None:
-        conn.execute("SELECT 1", prepare=True).fetchall()
+    def alone(conn: Any, job_id: int, lease: int) -> Any:
+        rows = conn.execute(one.sql, one.params(move_values(job_id, lease)), prepare=True)
+        return rows.fetchall()
 
-    return Floor(_nothing, work, lock_and_move, conn.commit, conn.close)
+    return Raw(lock_and_move, alone, _commit, set_autocommit)
 
 
-def psycopg_async_floor(
-    dsn: str, texts: tuple[Compiled, Compiled], loop: asyncio.AbstractEventLoop
-) -> Floor:
+def psycopg_async_raw(texts: tuple[Compiled, Compiled], one: Compiled) -> Raw:
     lock, move = texts
-    conn = loop.run_until_complete(psycopg.AsyncConnection.connect(dsn))
 
-    async def lock_and_move(job_id: int, lease: int) -> Any:
+    async def lock_and_move(conn: Any, job_id: int, lease: int) -> Any:
         await (await conn.execute(lock.sql, prepare=True)).fetchall()
         cur = await conn.execute(move.sql, move.params(move_values(job_id, lease)), prepare=True)
         return await cur.fetchall()
 
-    async def work() -> None:
-        await (await conn.execute("SELECT 1", prepare=True)).fetchall()
+    async def alone(conn: Any, job_id: int, lease: int) -> Any:
+        cur = await conn.execute(one.sql, one.params(move_values(job_id, lease)), prepare=True)
+        return await cur.fetchall()
 
-    return Floor(
-        _nothing,
-        blocking(loop, work),
-        blocking(loop, lock_and_move),
-        blocking(loop, conn.commit),
-        lambda: loop.run_until_complete(conn.close()),
-    )
+    async def autocommit(conn: Any, on: bool) -> None:
+        await conn.set_autocommit(on)
+
+    return Raw(lock_and_move, alone, _commit, autocommit)
 
 
-def psycopg2_floor(dsn: str, texts: tuple[Compiled, Compiled]) -> Floor:
-    import psycopg2  # noqa: PLC0415 -- an optional driver; its group is skipped without it
-
+def psycopg2_raw(texts: tuple[Compiled, Compiled], one: Compiled) -> Raw:
     lock, move = texts
-    conn = psycopg2.connect(dsn)
 
-    def lock_and_move(job_id: int, lease: int) -> Any:
+    def lock_and_move(conn: Any, job_id: int, lease: int) -> Any:
         with conn.cursor() as cur:
             cur.execute(lock.sql)
             cur.fetchall()
             cur.execute(move.sql, move.params(move_values(job_id, lease)))
             return cur.fetchall()
 
-    def work() -> None:
+    def alone(conn: Any, job_id: int, lease: int) -> Any:
         with conn.cursor() as cur:
-            cur.execute("SELECT 1")
-            cur.fetchall()
+            cur.execute(one.sql, one.params(move_values(job_id, lease)))
+            return cur.fetchall()
 
-    return Floor(_nothing, work, lock_and_move, conn.commit, conn.close)
-
-
-def _pg8000_connect(dsn: str) -> Any:
-    import pg8000.dbapi  # noqa: PLC0415 -- an optional driver; its group is skipped without it
-
-    url = make_url(dsn)
-    return pg8000.dbapi.connect(
-        user=url.username,
-        password=url.password,
-        host=url.host,
-        port=url.port,
-        database=url.database,
-    )
+    return Raw(lock_and_move, alone, _commit, set_autocommit)
 
 
-def pg8000_floor(dsn: str, texts: tuple[Compiled, Compiled]) -> Floor:
+def pg8000_raw(texts: tuple[Compiled, Compiled], one: Compiled) -> Raw:
     lock, move = texts
-    conn = _pg8000_connect(dsn)
 
-    def lock_and_move(job_id: int, lease: int) -> Any:
+    def lock_and_move(conn: Any, job_id: int, lease: int) -> Any:
         cur = conn.cursor()
         cur.execute(lock.sql)
         cur.fetchall()
         cur.execute(move.sql, move.params(move_values(job_id, lease)))
         return cur.fetchall()
 
-    def work() -> None:
-        cur = conn.cursor()
-        cur.execute("SELECT 1")
-        cur.fetchall()
-
-    return Floor(_nothing, work, lock_and_move, conn.commit, conn.close)
-
-
-def asyncpg_floor(
-    dsn: str, texts: tuple[Compiled, Compiled], loop: asyncio.AbstractEventLoop
-) -> Floor:
-    import asyncpg  # noqa: PLC0415 -- an optional driver; its group is skipped without it
-
-    lock, move = texts
-    conn = loop.run_until_complete(asyncpg.connect(dsn))
-    transaction: list[Any] = []
-
-    async def begin() -> None:
-        transaction[:] = [conn.transaction()]
-        await transaction[0].start()
-
-    async def lock_and_move(job_id: int, lease: int) -> Any:
-        await conn.fetch(lock.sql)
-        return await conn.fetch(move.sql, *move.params(move_values(job_id, lease)))
-
-    async def work() -> None:
-        await conn.fetch("SELECT 1")
-
-    async def commit() -> None:
-        await transaction.pop().commit()
-
-    return Floor(
-        blocking(loop, begin),
-        blocking(loop, work),
-        blocking(loop, lock_and_move),
-        blocking(loop, commit),
-        lambda: loop.run_until_complete(conn.close()),
-    )
-
-
-# -- the one statement, alone in autocommit: one round trip, prepared where the driver prepares
-
-
-def psycopg_one_floor(dsn: str, one: Compiled) -> tuple[Op, Close]:
-    conn = psycopg.connect(dsn, autocommit=True)
-
-    def op(job_id: int, lease: int) -> Any:
-        rows = conn.execute(one.sql, one.params(move_values(job_id, lease)), prepare=True)
-        return rows.fetchall()
-
-    return op, conn.close
-
-
-def psycopg_async_one_floor(
-    dsn: str, one: Compiled, loop: asyncio.AbstractEventLoop
-) -> tuple[Op, Close]:
-    conn = loop.run_until_complete(psycopg.AsyncConnection.connect(dsn, autocommit=True))
-
-    async def op(job_id: int, lease: int) -> Any:
-        cur = await conn.execute(one.sql, one.params(move_values(job_id, lease)), prepare=True)
-        return await cur.fetchall()
-
-    return blocking(loop, op), lambda: loop.run_until_complete(conn.close())
-
-
-def psycopg2_one_floor(dsn: str, one: Compiled) -> tuple[Op, Close]:
-    import psycopg2  # noqa: PLC0415 -- an optional driver; its group is skipped without it
-
-    conn = psycopg2.connect(dsn)
-    conn.autocommit = True
-
-    def op(job_id: int, lease: int) -> Any:
-        with conn.cursor() as cur:
-            cur.execute(one.sql, one.params(move_values(job_id, lease)))
-            return cur.fetchall()
-
-    return op, conn.close
-
-
-def pg8000_one_floor(dsn: str, one: Compiled) -> tuple[Op, Close]:
-    conn = _pg8000_connect(dsn)
-    conn.autocommit = True
-
-    def op(job_id: int, lease: int) -> Any:
+    def alone(conn: Any, job_id: int, lease: int) -> Any:
         cur = conn.cursor()
         cur.execute(one.sql, one.params(move_values(job_id, lease)))
         return cur.fetchall()
 
-    return op, conn.close
+    return Raw(lock_and_move, alone, _commit, set_autocommit)
 
 
-def asyncpg_one_floor(dsn: str, one: Compiled, loop: asyncio.AbstractEventLoop) -> tuple[Op, Close]:
-    import asyncpg  # noqa: PLC0415 -- an optional driver; its group is skipped without it
+def asyncpg_raw(texts: tuple[Compiled, Compiled], one: Compiled) -> Raw:
+    lock, move = texts
 
-    conn = loop.run_until_complete(asyncpg.connect(dsn))
+    async def lock_and_move(conn: Any, job_id: int, lease: int) -> Any:
+        await conn.fetch(lock.sql)
+        return await conn.fetch(move.sql, *move.params(move_values(job_id, lease)))
 
-    async def op(job_id: int, lease: int) -> Any:
+    async def alone(conn: Any, job_id: int, lease: int) -> Any:
         return await conn.fetch(one.sql, *one.params(move_values(job_id, lease)))
 
-    return blocking(loop, op), lambda: loop.run_until_complete(conn.close())
+    async def begin(conn: Any) -> None:
+        await conn.execute("BEGIN")  # what asyncpg's Transaction.start() sends
+
+    async def commit(conn: Any) -> None:
+        await conn.execute("COMMIT")
+
+    # outside a transaction, asyncpg's statement commits by itself
+    return Raw(lock_and_move, alone, commit, None, begin)
 
 
 # -- the one statement on a pooled connection: what the Engine form keeps, and nothing else

@@ -4,7 +4,8 @@ There is no worker statement to compare with from outside: the runtime settles a
 Rust, over several statements of its own. The floor is therefore awa-sa's own two statements
 (the receipt's advisory lock, then the settle) sent raw by psycopg, prepared, in a transaction
 of their own (BEGIN, lock, settle, COMMIT: what the Engine form sends) and inside one the
-caller has open (the Connection form's). What is left between the floor and awa-sa's
+caller has open (the Connection form's), each on the driver connection of the form it is
+compared with (:mod:`bench.floor`). What is left between the floor and awa-sa's
 ``settle(...)`` is SQLAlchemy and awa-sa's Python. A completion of a job with tags takes the
 ready-backed path (closure, ``done_entries``, terminal delta), the one most endings take.
 
@@ -18,7 +19,6 @@ import datetime as dt
 from collections.abc import Iterator
 from typing import Any
 
-import psycopg
 import sqlalchemy as sa
 
 from awa_sa import Complete, RunningAttempt, settle
@@ -30,6 +30,7 @@ from awa_sa.statements.receipt_settles import (
     receipt_lock,
     settle_receipt,
 )
+from bench.floor import Borrowed, directly
 from bench.variants import Variant, Variants
 
 QS = "awa_qs"
@@ -97,12 +98,10 @@ def _attempt(row: Any) -> RunningAttempt:
 def build(url: str, receipts: Receipts) -> Variants:
     """The settle's floors and awa-sa forms on the database at *url* (routed to ``awa_qs``)."""
     out = Variants()
-    dsn = sa.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-    alone = psycopg.connect(dsn)
-    inside = psycopg.connect(dsn)
     engine = sa.create_engine(url, pool_size=2)
     held = engine.connect()
-    out.closers += [alone.close, inside.close, engine.dispose, held.close]
+    out.closers += [engine.dispose, held.close]
+    pooled = Borrowed(engine, directly)  # the Engine form's backend, each floor's own too
     lock = compiled(receipt_lock(batch=False), engine.dialect, QS)
     body = compiled(settle_receipt(), engine.dialect, QS)
 
@@ -110,18 +109,18 @@ def build(url: str, receipts: Receipts) -> Variants:
         item = prepare_receipt(receipts.attempts[job_id], RESULT, None, None).item
         return lock.params(RECEIPT_LOCKS.binds([item])), body.params(SETTLE_RECEIPT.binds(item))
 
-    def raw(conn: psycopg.Connection[Any], job_id: int) -> Any:
+    def raw(conn: Any, job_id: int) -> Any:
         locked, settled = values(job_id)
         conn.execute(lock.sql, locked, prepare=True).fetchall()
         return conn.execute(body.sql, settled, prepare=True).fetchall()
 
     def floor(job_id: int, lease: int) -> Any:
-        rows = raw(alone, job_id)
-        alone.commit()
+        rows = raw(pooled.conn, job_id)
+        pooled.conn.commit()
         return rows
 
-    def begin() -> None:
-        inside.execute("SELECT 1", prepare=True).fetchall()
+    def inside(job_id: int, lease: int) -> Any:
+        return raw(held.connection.driver_connection, job_id)
 
     def held_begin() -> None:
         held.begin()
@@ -129,8 +128,8 @@ def build(url: str, receipts: Receipts) -> Variants:
 
     g = "psycopg queue-storage complete"
     out.items += [
-        Variant(g, "floor", floor),
-        Variant(g, "in-transaction floor", lambda j, _: raw(inside, j), begin, inside.commit),
+        Variant(g, "floor", floor, pooled.before, pooled.after),
+        Variant(g, "in-transaction floor", inside, held_begin, held.commit),
         Variant(g, "awa-sa Engine", lambda j, _: settle(engine, receipts.attempts[j], RESULT)),
         Variant(
             g,

@@ -1,18 +1,22 @@
 """Every way the bench reschedules one canonical attempt, grouped by driver.
 
 Per driver: the raw floors (:mod:`bench.floor`: BEGIN/lock/move/COMMIT; its lock and move
-inside an open transaction; the one statement alone in autocommit; the same on a connection of
-the engine's pool, the least the Engine form keeps: "pool floor"; async drivers also with the
-statement sent on the driver's own connection between the pool's checkout and checkin: "pool
-floor, native"); SQLAlchemy's minimal path,
-``exec_driver_sql`` of the one statement's text with its rows read, through an ``Engine`` (or
-``AsyncEngine``) made with ``isolation_level="AUTOCOMMIT"`` and through a held ``Connection``;
-and awa-sa in the same two forms. The SQLAlchemy rows show how much of the gap between awa-sa
-and the one-statement floor is SQLAlchemy's own, and the awa-sa rows what is left ours.
+inside an open transaction; the one statement alone in autocommit), each sent by hand on the
+driver connection of the forms it is compared with, checked out and returned outside the
+clock; the one statement with the pool's checkout and checkin inside the clock, the least the
+Engine form keeps: "pool floor"; async drivers also with the statement sent on the driver's own
+connection between the pool's checkout and checkin: "pool floor, native"); SQLAlchemy's
+minimal path, ``exec_driver_sql`` of the one statement's text with its rows read, through an
+``Engine`` (or ``AsyncEngine``) made with ``isolation_level="AUTOCOMMIT"`` and through a held
+``Connection``; and awa-sa in the same two forms. The SQLAlchemy rows show how much of the gap
+between awa-sa and the one-statement floor is SQLAlchemy's own, and the awa-sa rows what is
+left ours. Every row reaches one of two backends, the pool's free connection or the held one,
+but SQLAlchemy's Engine row, whose AUTOCOMMIT engine has a pool of its own.
 
 The Connection forms are timed as a caller composes them: inside a transaction it has begun and
 already used (``before``, untimed), committed after (``after``, untimed), against the lock and
-move inside such a transaction on the raw driver ("in-transaction floor").
+move sent by hand on the same held connection, inside a transaction opened by the same steps
+("in-transaction floor").
 
 A form awa-sa cannot run on a driver yet is left out and said so (``skipped``), so the bench
 still runs while a driver is being brought up.
@@ -31,10 +35,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
 from awa_sa import asyncio as awa_async
 from awa_sa import reschedule_canonical_attempt
+from awa_sa.compiled import Compiled
 from awa_sa.errors import AwaSAError
 from awa_sa.internals import run_in_greenlet
 from bench import floor
-from bench.floor import Close, Floor, Op, Step, blocking
+from bench.floor import Borrowed, Close, Op, Raw, Step, blocking
 from bench.workload import KIND, Jobs, canonical_texts, move_values, one_statement_text
 
 
@@ -43,18 +48,15 @@ class Driver:
     name: str  # the group and the floor's label
     url_driver: str  # postgresql+<url_driver>://
     is_async: bool
-    floor: Callable[..., Floor]
-    one_floor: Callable[..., tuple[Op, Close]]
+    raw: Callable[[tuple[Compiled, Compiled], Compiled], Raw]  # its floors
 
 
 DRIVERS = (
-    Driver("psycopg", "psycopg", False, floor.psycopg_floor, floor.psycopg_one_floor),
-    Driver(
-        "psycopg async", "psycopg", True, floor.psycopg_async_floor, floor.psycopg_async_one_floor
-    ),
-    Driver("psycopg2", "psycopg2", False, floor.psycopg2_floor, floor.psycopg2_one_floor),
-    Driver("pg8000", "pg8000", False, floor.pg8000_floor, floor.pg8000_one_floor),
-    Driver("asyncpg", "asyncpg", True, floor.asyncpg_floor, floor.asyncpg_one_floor),
+    Driver("psycopg", "psycopg", False, floor.psycopg_raw),
+    Driver("psycopg async", "psycopg", True, floor.psycopg_async_raw),
+    Driver("psycopg2", "psycopg2", False, floor.psycopg2_raw),
+    Driver("pg8000", "pg8000", False, floor.pg8000_raw),
+    Driver("asyncpg", "asyncpg", True, floor.asyncpg_raw),
 )
 
 
@@ -104,23 +106,19 @@ def build(
             out.skipped[driver.name] = f"{driver.url_driver} is not installed"
             continue
         url = f"postgresql+{driver.url_driver}://postgres:{password}@{host}:{port}/{dbname}"
-        dsn = f"postgresql://postgres:{password}@{host}:{port}/{dbname}"
         if driver.is_async:
-            _async_driver(out, driver, url, dsn, loop=loop, jobs=jobs)
+            _async_driver(out, driver, url, loop=loop, jobs=jobs)
         else:
-            _sync_driver(out, driver, url, dsn, jobs)
+            _sync_driver(out, driver, url, jobs)
     return out
 
 
-def _sync_driver(out: Variants, driver: Driver, url: str, dsn: str, jobs: Jobs) -> None:
+def _sync_driver(out: Variants, driver: Driver, url: str, jobs: Jobs) -> None:
     engine = sa.create_engine(url, pool_size=2)
     autocommit = sa.create_engine(url, pool_size=2, isolation_level="AUTOCOMMIT")
     one = one_statement_text(engine.dialect)
     held = engine.connect()
     out.closers += [engine.dispose, autocommit.dispose, held.close]
-    two = driver.floor(dsn, canonical_texts(engine.dialect))
-    one_op, close_one = driver.one_floor(dsn, one)
-    out.closers += [two.close, close_one]
 
     def begin() -> None:
         held.begin()
@@ -140,10 +138,17 @@ def _sync_driver(out: Variants, driver: Driver, url: str, dsn: str, jobs: Jobs) 
         return reschedule_canonical_attempt(held, job_id, lease, KIND)
 
     g = driver.name
+    raw = driver.raw(canonical_texts(engine.dialect), one)
     out.items += [
-        Variant(g, "floor", two.op),
-        Variant(g, "in-transaction floor", two.lock_and_move, _open(two), two.commit),
-        Variant(g, "one-statement floor", one_op),
+        *_floors(
+            g,
+            raw,
+            engine=engine,
+            in_pool=floor.directly,
+            held=_driver_of(held),
+            begin=begin,
+            commit=held.commit,
+        ),
         Variant(g, "pool floor", floor.pool_floor(engine, one)),
         Variant(g, "SQLAlchemy Engine", sa_engine),
         Variant(g, "SQLAlchemy Connection", sa_connection, begin, held.commit),
@@ -152,11 +157,41 @@ def _sync_driver(out: Variants, driver: Driver, url: str, dsn: str, jobs: Jobs) 
     _awa(out, Variant(g, "awa-sa Connection", awa_connection, begin, held.commit), jobs)
 
 
+def _floors(
+    group: str,
+    raw: Raw,
+    *,
+    engine: sa.Engine,
+    in_pool: Callable[[Callable[[], Any]], Any],
+    held: Callable[[], Any],
+    begin: Step,
+    commit: Step,
+) -> list[Variant]:
+    """*raw*'s three floors, each on the server connection of the forms it is compared with:
+    a connection of *engine*'s pool (the Engine forms'), and *held*'s driver connection inside
+    the transaction the Connection forms run in (*begin*, *commit*: the same untimed steps)."""
+    pooled, alone = Borrowed(engine, in_pool), Borrowed(engine, in_pool, raw.autocommit)
+
+    def four(job_id: int, lease: int) -> Any:
+        return raw.four(pooled.conn, job_id, lease)
+
+    def inside(job_id: int, lease: int) -> Any:
+        return raw.lock_and_move(held(), job_id, lease)
+
+    def one(job_id: int, lease: int) -> Any:
+        return raw.one(alone.conn, job_id, lease)
+
+    return [
+        Variant(group, "floor", four, pooled.before, pooled.after),
+        Variant(group, "in-transaction floor", inside, begin, commit),
+        Variant(group, "one-statement floor", one, alone.before, alone.after),
+    ]
+
+
 def _async_driver(
     out: Variants,
     driver: Driver,
     url: str,
-    dsn: str,
     *,
     loop: asyncio.AbstractEventLoop,
     jobs: Jobs,
@@ -170,9 +205,6 @@ def _async_driver(
         lambda: loop.run_until_complete(autocommit.dispose()),
         lambda: loop.run_until_complete(held.close()),
     ]
-    two = driver.floor(dsn, canonical_texts(engine.dialect), loop)
-    one_op, close_one = driver.one_floor(dsn, one, loop)
-    out.closers += [two.close, close_one]
 
     async def begin_async() -> None:
         await held.begin()
@@ -201,10 +233,17 @@ def _async_driver(
         return await awa_async.reschedule_canonical_attempt(held, job_id, lease, KIND)
 
     g = driver.name
+    raw = driver.raw(canonical_texts(engine.dialect), one).on(loop)
     out.items += [
-        Variant(g, "floor", two.op),
-        Variant(g, "in-transaction floor", two.lock_and_move, _open(two), two.commit),
-        Variant(g, "one-statement floor", one_op),
+        *_floors(
+            g,
+            raw,
+            engine=engine.sync_engine,
+            in_pool=floor.in_greenlet(loop),
+            held=_driver_of(held),
+            begin=begin,
+            commit=commit,
+        ),
         Variant(g, "pool floor", blocking(loop, pool)),
         Variant(
             g,
@@ -219,12 +258,11 @@ def _async_driver(
     _awa(out, connection, jobs)
 
 
-def _open(two: Floor) -> Step:
-    def open_() -> None:
-        two.begin()
-        two.work()
-
-    return open_
+def _driver_of(held: sa.Connection | AsyncConnection) -> Callable[[], Any]:
+    """*held*'s driver connection, read when called (the connection it holds may change)."""
+    if isinstance(held, AsyncConnection):
+        return lambda: held.sync_connection.connection.driver_connection  # type: ignore[union-attr]
+    return lambda: held.connection.driver_connection
 
 
 def _awa(out: Variants, variant: Variant, jobs: Jobs) -> None:

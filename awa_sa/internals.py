@@ -13,6 +13,7 @@ import threading
 import traceback
 from collections import namedtuple
 from collections.abc import Callable, Mapping
+from contextlib import suppress
 from typing import Any, NoReturn, TypeVar, cast
 
 from sqlalchemy import Connection
@@ -166,21 +167,29 @@ def autocommit_on(conn: Connection | Direct) -> Any | None:
     Switched on the driver connection for this one statement, not through SQLAlchemy's
     ``isolation_level`` execution option, which would stay set on the Connection until checkin
     and then be reset by the dialect: the caller's engine and pool are left as they are, and on
-    the drivers that take this path (psycopg 3, psycopg2, asyncpg's adapter; pg8000 never does,
-    see ``awa_sa.forms``) both switches are a flag set in the client, no round trip. Two plain
-    functions rather than a context manager: this is on the path of every Engine call.
-    tests/integration/test_one_statement.py, tests/integration/test_forms.py.
+    the drivers that take this path (psycopg 3, psycopg2; pg8000 never does, see
+    ``awa_sa.forms``) both switches are a flag set in the client, no round trip. A
+    :class:`Direct` on an async driver is not switched here: it sends each statement alone by
+    the driver's own API (:meth:`Direct.send`). Two plain functions rather than a context
+    manager: this is on the path of every Engine call. tests/integration/test_one_statement.py,
+    tests/integration/test_forms.py.
     """
     dbapi = conn.connection.dbapi_connection
     if dbapi is None or getattr(dbapi, "autocommit", False):
         return None
-    dbapi.autocommit = True
+    if isinstance(conn, Direct) and conn.natively:
+        conn.alone = True
+    else:
+        dbapi.autocommit = True
     return dbapi
 
 
 def autocommit_off(conn: Connection | Direct, dbapi: Any) -> None:
     """Back out of :func:`autocommit_on`; a connection that cannot be switched back is
     invalidated, never returned to the pool in autocommit."""
+    if isinstance(conn, Direct) and conn.alone:
+        conn.alone = False
+        return
     try:
         dbapi.autocommit = False
     except Exception:  # whatever the driver raises, the connection goes
@@ -381,12 +390,27 @@ def checkin_idle(fairy: PoolProxiedConnection) -> None:
 _ASYNCPG = "asyncpg"
 """The driver whose execution context's steps :class:`Direct` takes itself: the cursor
 stamped with the dialect's schema time, the time moved on after a schema change."""
+_PSYCOPG = "psycopg"
 
 
 def _schema_changed(dialect: Dialect) -> tuple[type[BaseException], ...]:
     """The errors after which asyncpg's context has every connection prepare afresh."""
     dbapi = dialect.loaded_dbapi
     return (dbapi.InvalidCachedStatementError, dbapi.InternalServerError)
+
+
+async def _psycopg_alone(
+    conn: Any, statement: str, parameters: Mapping[str, Any] | tuple[Any, ...]
+) -> tuple[Any, list[Any]]:
+    """*statement* alone in autocommit on psycopg's ``AsyncConnection``, switched back after:
+    its cursor's description (read only where a row class is to be learned) and its rows."""
+    await conn.set_autocommit(True)
+    try:
+        cursor = await conn.execute(statement, parameters)
+        return cursor.description, [] if cursor.description is None else await cursor.fetchall()
+    finally:
+        with suppress(Exception):  # a connection left in autocommit is invalidated by the caller
+            await conn.set_autocommit(False)
 
 
 _COMMIT_AS_QUERY = frozenset({"pg8000"})
@@ -400,13 +424,17 @@ class Direct:
     autocommit try (:func:`awa_sa.compiled.run` sends through :meth:`send`).
     """
 
-    __slots__ = ("_asyncpg", "dialect", "engine", "fairy")
+    __slots__ = ("_asyncpg", "alone", "dialect", "engine", "fairy", "natively")
 
     def __init__(self, engine: Engine, fairy: PoolProxiedConnection) -> None:
         self.engine = engine
         self.dialect = engine.dialect
         self.fairy = fairy
         self._asyncpg = self.dialect.driver == _ASYNCPG
+        self.natively = self.dialect.is_async and self.dialect.driver in (_ASYNCPG, _PSYCOPG)
+        """Whether a statement alone in autocommit goes by the driver's own API."""
+        self.alone = False
+        """Set by :func:`autocommit_on`: each statement is sent alone in autocommit."""
 
     @property
     def connection(self) -> PoolProxiedConnection:
@@ -438,8 +466,8 @@ class Direct:
 
     def send(self, statement: str, parameters: Mapping[str, Any] | tuple[Any, ...]) -> list[Any]:
         """*statement* with *parameters* on a cursor of its own, its rows fetched."""
-        if self._asyncpg and getattr(self.fairy.dbapi_connection, "autocommit", False):
-            return self._fetch_natively(statement, cast(tuple[Any, ...], parameters))
+        if self.alone:
+            return self._alone_natively(statement, parameters)
         cursor = self.fairy.cursor()
         if self._asyncpg:  # asyncpg's pre_exec
             stamp = self.dialect._invalidate_schema_cache_asof  # type: ignore[attr-defined]
@@ -453,32 +481,49 @@ class Direct:
             if self.fairy.is_valid:
                 cursor.close()
 
-    def _fetch_natively(self, statement: str, parameters: tuple[Any, ...]) -> list[Any]:
-        """*statement* by asyncpg's own ``fetch`` on the pooled connection, in autocommit.
+    def _alone_natively(
+        self, statement: str, parameters: Mapping[str, Any] | tuple[Any, ...]
+    ) -> list[Any]:
+        """*statement* alone in autocommit, by the async driver's own API on the pooled
+        connection, in one await.
 
-        SQLAlchemy's asyncpg adapter runs an autocommit statement outside a transaction too,
-        through its own prepared-statement cache, an asyncio lock, the cursor description
-        built per call and the status line parsed by a regular expression. asyncpg's ``fetch``
-        runs the same statement through asyncpg's own statement cache (``statement_cache_size``
-        in ``connect_args``, as docs/deploying.md sets it for PgBouncer), and re-prepares by
-        itself once outside a transaction when a schema change broke the cached plan. Errors go
-        through the adapter's own translation (its undocumented ``_handle_exception``), then as
-        any other. docs/performance.md#asyncpg-natively; tests/integration/test_direct.py.
+        SQLAlchemy's adapters take an await (a greenlet switch each way, and a coroutine run
+        by the event loop's task) for each step: on psycopg 3 one to switch autocommit on, one
+        for the statement and one to switch it back; on asyncpg the statement alone, through the
+        adapter's own prepared-statement cache, an asyncio lock, the cursor description built
+        per call and the status line parsed by a regular expression. Here asyncpg's ``fetch``
+        runs it through asyncpg's own statement cache (``statement_cache_size`` in
+        ``connect_args``, as docs/deploying.md sets it for PgBouncer), which re-prepares by
+        itself once outside a transaction when a schema change broke the cached plan; psycopg's
+        connection is switched, sent to and switched back in one coroutine
+        (:func:`_psycopg_alone`). asyncpg's errors go through its adapter's translation (the
+        undocumented ``_handle_exception``); psycopg's adapters raise psycopg's own. Then as
+        any other. docs/performance.md#async-natively; tests/integration/test_direct.py.
         """
-        adapted: Any = self.fairy.dbapi_connection
         driver: Any = self.fairy.driver_connection
         try:
-            try:
-                records = await_only(driver.fetch(statement, *parameters))
-            except Exception as exc:
-                adapted._handle_exception(exc)  # raises the adapter's error for it
+            if self._asyncpg:
+                try:
+                    records = await_only(
+                        driver.fetch(statement, *cast(tuple[Any, ...], parameters))
+                    )
+                except Exception as exc:
+                    adapted: Any = self.fairy.dbapi_connection
+                    adapted._handle_exception(exc)  # raises the adapter's error for it
+                description = None
+            else:
+                description, records = await_only(_psycopg_alone(driver, statement, parameters))
         except BaseException as exc:
             self._failed(exc, statement, parameters, None)
+        finally:
+            if not self._asyncpg and driver.autocommit:  # not switched back: never pooled so
+                self.invalidate()
         if not records:
             return []
         row = _row_types.get(statement, _UNKNOWN)
         if row is _UNKNOWN:
-            row = _learned(statement, list(records[0].keys()))
+            names = records[0].keys() if description is None else [c[0] for c in description]
+            row = _learned(statement, list(names))
         return list(map(row._make, records))
 
     def _failed(

@@ -24,7 +24,14 @@ from sqlalchemy.pool import PoolResetState
 import awa_sa
 import awa_sa.asyncio as awa_async
 from awa_sa.errors import CONNECTION_LOST
-from awa_sa.internals import Direct, checkout, direct_allowed, run_in_greenlet
+from awa_sa.internals import (
+    Direct,
+    autocommit_off,
+    autocommit_on,
+    checkout,
+    direct_allowed,
+    run_in_greenlet,
+)
 
 
 @pytest.fixture
@@ -79,18 +86,24 @@ async def test_asyncpg_takes_it_with_its_contexts_steps(db_url: str) -> None:
         await engine.dispose()
 
 
-async def test_asyncpg_natively_answers_and_fails_as_its_adapter(db_url: str) -> None:
-    """In autocommit the direct path sends by asyncpg's own ``fetch``, not through
-    SQLAlchemy's adapter: the same rows, the same translated error, and a dead connection
-    invalidated as the adapter's would be (awa_sa.internals.Direct)."""
-    engine = create_async_engine(driver_url(db_url, "asyncpg"), pool_size=1)
+@pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])
+async def test_async_drivers_natively_answer_and_fail_as_their_adapters(
+    db_url: str, driver: str
+) -> None:
+    """In autocommit the direct path sends by the async driver's own API, not through
+    SQLAlchemy's adapter: the same rows, the same translated error, the connection out of
+    autocommit after, and a dead connection invalidated as the adapter's would be
+    (awa_sa.internals.Direct)."""
+    engine = create_async_engine(driver_url(db_url, driver), pool_size=1)
     sync = engine.sync_engine
     answer = "SELECT 1 AS one, 'two' AS two"
     try:
         assert await run_in_greenlet(_direct_send, sync, answer) == [(1, "two")]
         adapted = await run_in_greenlet(lambda: checkout(sync))
-        cache = adapted.dbapi_connection._prepared_statement_cache  # type: ignore[union-attr]
-        assert answer not in cache  # asyncpg's statement cache had it, not the adapter's
+        assert not adapted.dbapi_connection.autocommit  # type: ignore[union-attr]
+        if driver == "asyncpg":
+            cache = adapted.dbapi_connection._prepared_statement_cache  # type: ignore[union-attr]
+            assert answer not in cache  # asyncpg's statement cache had it, not the adapter's
         await run_in_greenlet(adapted.close)
         assert await run_in_greenlet(_direct_send, sync, answer, False) == [(1, "two")]
         failures = []
@@ -99,6 +112,9 @@ async def test_asyncpg_natively_answers_and_fails_as_its_adapter(db_url: str) ->
                 await run_in_greenlet(_direct_send, sync, "SELECT 1 / 0", autocommit)
             failures.append((type(raised.value), type(raised.value.orig)))
             assert raised.value.orig.sqlstate == "22012"  # type: ignore[union-attr]
+            adapted = await run_in_greenlet(lambda: checkout(sync))
+            assert not adapted.dbapi_connection.autocommit  # type: ignore[union-attr]
+            await run_in_greenlet(adapted.close)
         assert failures[0] == failures[1]
         ((pid,),) = await run_in_greenlet(_direct_send, sync, "SELECT pg_backend_pid()")
         killer = sa.create_engine(db_url, poolclass=sa.NullPool)
@@ -116,15 +132,16 @@ async def test_asyncpg_natively_answers_and_fails_as_its_adapter(db_url: str) ->
 def _direct_send(
     engine: sa.Engine, statement: str, autocommit: bool = True
 ) -> list[tuple[object, ...]]:
-    """*statement* sent as the Engine form's direct path sends its own (in autocommit, or in
-    the driver's own transaction, rolled back at checkin), its rows as tuples."""
+    """*statement* sent as the Engine form's direct path sends its own (alone in autocommit,
+    or in the driver's own transaction, rolled back at checkin), its rows as tuples."""
     fairy = checkout(engine)
+    direct = Direct(engine, fairy)
+    switched = autocommit_on(direct) if autocommit else None
     try:
-        fairy.dbapi_connection.autocommit = autocommit  # type: ignore[union-attr]
-        return [tuple(row) for row in Direct(engine, fairy).send(statement, ())]
+        return [tuple(row) for row in direct.send(statement, ())]
     finally:
-        if fairy.is_valid:
-            fairy.dbapi_connection.autocommit = False  # type: ignore[union-attr]
+        if switched is not None:
+            autocommit_off(direct, switched)
         fairy.close()
 
 

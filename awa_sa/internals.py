@@ -403,11 +403,12 @@ async def _psycopg_alone(
     conn: Any, statement: str, parameters: Mapping[str, Any] | tuple[Any, ...]
 ) -> tuple[Any, list[Any]]:
     """*statement* alone in autocommit on psycopg's ``AsyncConnection``, switched back after:
-    its cursor's description (read only where a row class is to be learned) and its rows."""
+    its cursor (whose ``description`` builds a ``Column`` per column each time it is read, so
+    it is read only where a row class is to be learned) and its rows."""
     await conn.set_autocommit(True)
     try:
         cursor = await conn.execute(statement, parameters)
-        return cursor.description, [] if cursor.description is None else await cursor.fetchall()
+        return cursor, await cursor.fetchall() if cursor.pgresult.nfields else []
     finally:
         with suppress(Exception):  # a connection left in autocommit is invalidated by the caller
             await conn.set_autocommit(False)
@@ -510,9 +511,9 @@ class Direct:
                 except Exception as exc:
                     adapted: Any = self.fairy.dbapi_connection
                     adapted._handle_exception(exc)  # raises the adapter's error for it
-                description = None
+                cursor = None
             else:
-                description, records = await_only(_psycopg_alone(driver, statement, parameters))
+                cursor, records = await_only(_psycopg_alone(driver, statement, parameters))
         except BaseException as exc:
             self._failed(exc, statement, parameters, None)
         finally:
@@ -522,7 +523,7 @@ class Direct:
             return []
         row = _row_types.get(statement, _UNKNOWN)
         if row is _UNKNOWN:
-            names = records[0].keys() if description is None else [c[0] for c in description]
+            names = records[0].keys() if cursor is None else [c[0] for c in cursor.description]
             row = _learned(statement, list(names))
         return list(map(row._make, records))
 

@@ -391,6 +391,8 @@ _ASYNCPG = "asyncpg"
 """The driver whose execution context's steps :class:`Direct` takes itself: the cursor
 stamped with the dialect's schema time, the time moved on after a schema change."""
 _PSYCOPG = "psycopg"
+"""With ``is_async``: the driver whose lone statement :class:`Direct` sends on psycopg's own
+``AsyncConnection``."""
 
 
 def _schema_changed(dialect: Dialect) -> tuple[type[BaseException], ...]:

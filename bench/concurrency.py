@@ -78,10 +78,8 @@ def _op(form: str, url: str) -> Callable[[int, int], Any]:
     if form == "floor":
         dsn = url.replace("+psycopg", "") + "?" + urlencode(settings, quote_via=quote)
         dialect = sa.create_engine(url).dialect
-        raw, conn = (
-            psycopg_raw(canonical_texts(dialect), one_statement_text(dialect)),
-            psycopg.connect(dsn),
-        )
+        raw = psycopg_raw(canonical_texts(dialect), one_statement_text(dialect))
+        conn = psycopg.connect(dsn)
         return lambda job_id, lease: raw.four(conn, job_id, lease)
     engine = sa.create_engine(url, pool_size=1, connect_args=settings)
     return lambda job_id, lease: reschedule_canonical_attempt(engine, job_id, lease, KIND)

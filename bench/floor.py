@@ -122,17 +122,9 @@ class Borrowed:
 
 
 def directly(fn: Callable[[], _R]) -> _R:
-    """A sync engine's pool, called as it is."""
+    """A sync engine's pool, called as it is (an async engine's: ``blocking(loop,
+    run_in_greenlet)``, where it may await a new connection or pre-ping)."""
     return fn()
-
-
-def in_greenlet(loop: asyncio.AbstractEventLoop) -> Callable[[Callable[[], Any]], Any]:
-    """An async engine's pool, called where it may await (a new connection, pre-ping)."""
-
-    def run(fn: Callable[[], Any]) -> Any:
-        return loop.run_until_complete(run_in_greenlet(fn))
-
-    return run
 
 
 def set_autocommit(conn: Any, on: bool) -> None:

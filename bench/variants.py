@@ -239,7 +239,7 @@ def _async_driver(
             g,
             raw,
             engine=engine.sync_engine,
-            in_pool=floor.in_greenlet(loop),
+            in_pool=blocking(loop, run_in_greenlet),
             held=_driver_of(held),
             begin=begin,
             commit=commit,

@@ -468,7 +468,8 @@ class Direct:
             self._failed(exc, None, None, None)
 
     def send(self, statement: str, parameters: Mapping[str, Any] | tuple[Any, ...]) -> list[Any]:
-        """*statement* with *parameters* on a cursor of its own, its rows fetched."""
+        """*statement* with *parameters* on a cursor of its own, its rows fetched (alone in
+        autocommit, by the async driver's own API: :meth:`_alone_natively`)."""
         if self.alone:
             return self._alone_natively(statement, parameters)
         cursor = self.fairy.cursor()

@@ -241,8 +241,13 @@ def main() -> None:
         default=3,
         help="independent measurements of parts 1 and 6, each with its own warm-up",
     )
-    parser.add_argument("--rounds", type=int, default=20, help="interleaved rounds")
-    parser.add_argument("--per-round", type=int, default=40, help="calls per variant and round")
+    parser.add_argument("--rounds", type=int, default=160, help="interleaved rounds")
+    parser.add_argument(
+        "--per-round",
+        type=int,
+        default=5,
+        help="calls per variant and round: few, so that drift lands on every variant alike",
+    )
     parser.add_argument("--warmup", type=int, default=150, help="untimed calls per variant")
     parser.add_argument("--rtt-ms", type=float, default=0.5, help="round trip the proxy adds")
     parser.add_argument("--far-rounds", type=int, default=5)

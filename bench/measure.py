@@ -3,14 +3,18 @@
 A variant's untimed steps (the Connection forms' open transaction and its commit) run around
 each call, outside the clock and outside the round-trip count.
 
-Drift on a busy machine (other processes, autovacuum, a warming cache) then lands on every
-variant alike, and medians resist outliers. The variants run in a new order every round (the
-same shuffles every run), so that none keeps one neighbour: a call runs faster after one that
-warmed the same code (seen: psycopg's Engine form at 1.37x its one-statement floor in the
-fixed order, 1.21-1.25x once a variant on the same pool ran just before it). Besides wall
-time, each call's CPU time in this thread (the client's Python, the driver and its system
-calls) is kept: the server's share of a call is the same for every variant, so the CPU column
-says where a gap comes from.
+Drift on a busy machine (other processes, autovacuum, a warming cache, the scheduler moving a
+backend between CPUs) then lands on every variant alike, and medians resist outliers, if the
+blocks are short. Here a loopback round trip's cost moves between two levels as a run goes on:
+in blocks of 40 calls a floor and its form each caught their own mix of the two (one run's
+asyncpg AsyncEngine form was 1.13x its floor in one round, 1.40x in another); in blocks of five
+they catch the same mix (docs/performance.md#short-blocks). The variants run in a new order
+every round (the same shuffles every run), so that none keeps one neighbour: a call runs faster
+after one that warmed the same code (seen: psycopg's Engine form at 1.37x its one-statement
+floor in the fixed order, 1.21-1.25x once a variant on the same pool ran just before it).
+Besides wall time, each call's CPU time in this thread (the client's Python, the driver and
+its system calls) is kept: the server's share of a call is the same for every variant, so the
+CPU column says where a gap comes from.
 """
 
 from __future__ import annotations

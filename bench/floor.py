@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
@@ -169,38 +170,22 @@ def psycopg_async_raw(texts: tuple[Compiled, Compiled], one: Compiled) -> Raw:
     return Raw(lock_and_move, alone, _commit, autocommit)
 
 
-def psycopg2_raw(texts: tuple[Compiled, Compiled], one: Compiled) -> Raw:
+def dbapi_raw(texts: tuple[Compiled, Compiled], one: Compiled) -> Raw:
+    """psycopg2's and pg8000's: plain DBAPI cursors, closed after each use as SQLAlchemy closes
+    its own (pg8000's cursor is no context manager)."""
     lock, move = texts
 
     def lock_and_move(conn: Any, job_id: int, lease: int) -> Any:
-        with conn.cursor() as cur:
+        with closing(conn.cursor()) as cur:
             cur.execute(lock.sql)
             cur.fetchall()
             cur.execute(move.sql, move.params(move_values(job_id, lease)))
             return cur.fetchall()
 
     def alone(conn: Any, job_id: int, lease: int) -> Any:
-        with conn.cursor() as cur:
+        with closing(conn.cursor()) as cur:
             cur.execute(one.sql, one.params(move_values(job_id, lease)))
             return cur.fetchall()
-
-    return Raw(lock_and_move, alone, _commit, set_autocommit)
-
-
-def pg8000_raw(texts: tuple[Compiled, Compiled], one: Compiled) -> Raw:
-    lock, move = texts
-
-    def lock_and_move(conn: Any, job_id: int, lease: int) -> Any:
-        cur = conn.cursor()
-        cur.execute(lock.sql)
-        cur.fetchall()
-        cur.execute(move.sql, move.params(move_values(job_id, lease)))
-        return cur.fetchall()
-
-    def alone(conn: Any, job_id: int, lease: int) -> Any:
-        cur = conn.cursor()
-        cur.execute(one.sql, one.params(move_values(job_id, lease)))
-        return cur.fetchall()
 
     return Raw(lock_and_move, alone, _commit, set_autocommit)
 

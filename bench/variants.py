@@ -54,8 +54,8 @@ class Driver:
 DRIVERS = (
     Driver("psycopg", "psycopg", False, floor.psycopg_raw),
     Driver("psycopg async", "psycopg", True, floor.psycopg_async_raw),
-    Driver("psycopg2", "psycopg2", False, floor.psycopg2_raw),
-    Driver("pg8000", "pg8000", False, floor.pg8000_raw),
+    Driver("psycopg2", "psycopg2", False, floor.dbapi_raw),
+    Driver("pg8000", "pg8000", False, floor.dbapi_raw),
     Driver("asyncpg", "asyncpg", True, floor.asyncpg_raw),
 )
 

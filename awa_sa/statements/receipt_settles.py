@@ -512,11 +512,15 @@ def _closures(shaped: CTE) -> list[CTE]:
         .returning(*(closures.c[name] for name in (*key, "closed_at")))
         .cte("closure")
     )
+    # ``closed_at`` on every ``lease_claims`` receipt, the fast path's too, where the runtime
+    # leaves it NULL: a rescue whose snapshot predates this settle re-reads only the receipt row
+    # it locks, so this is the one evidence it sees (docs/contract.md#sealed-receipts).
     claims = qs.lease_claims
+    closed_at = func.coalesce(select(row_closure.c.closed_at).scalar_subquery(), s.settled_at)
     marked = (
         update(claims)
-        .where(*(claims.c[name] == row_closure.c[name] for name in key))
-        .values(closed_at=func.coalesce(claims.c.closed_at, row_closure.c.closed_at))
+        .where(*(claims.c[name] == value for name, value in key.items()), s.batch_id.is_(None))
+        .values(closed_at=func.coalesce(claims.c.closed_at, closed_at))
         .returning(claims.c.job_id)
         .cte("marked")
     )

@@ -776,15 +776,15 @@ def unsealed(run: Run) -> Run:
             row = json.loads(text)
             key = (row["claim_slot"], row["job_id"], row["run_lease"])
             if row["closed_at"] is not None and key not in closures:
+                slot, receipt = row["claim_slot"], row["receipt_id"]
                 [batch] = [
-                    b
-                    for b in batches
-                    if b["claim_slot"] == row["claim_slot"] and row["receipt_id"] in b["receipt_ids"]
+                    b for b in batches if b["claim_slot"] == slot and receipt in b["receipt_ids"]
                 ]
                 assert (batch["outcome"], batch["closed_at"]) == ("completed", row["closed_at"])
                 run.sealed.add(row["job_id"])
-                text = json.dumps({**row, "closed_at": None})
-            texts.append(text)
+                texts.append(json.dumps({**row, "closed_at": None}))
+            else:
+                texts.append(text)
         steps.append((name, {**cap, f"{s}.lease_claims": tuple(texts)}))
     run.steps = steps
     return run

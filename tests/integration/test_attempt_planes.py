@@ -699,8 +699,11 @@ def test_b_settled_beside_its_runtime_and_each_runtime_then_finishes(settled: Se
     a, b = settled.a, settled.b
     assert b.mine is not None
     assert settled.b_settled == Completed(1)
+    # awa-sa seals B's receipt (lease_claims.closed_at) where the runtime's fast path does not:
+    # a deadline rescue honours that column alone (docs/contract.md#sealed-receipts).
     assert changed(settled.after_stale, settled.after_b_settled) <= CLOSING | {
-        "awa_qs.attempt_state"
+        "awa_qs.attempt_state",
+        "awa_qs.lease_claims",
     }
     assert isinstance(settled.stale_b, Stale)  # settled once: the recipe's B is Stale now
     # A's runtime was stopped after A's handler returned, while B's still held: its

@@ -18,6 +18,10 @@
   standby, a demoted primary or a database set read-only. Its own type, so a caller can route
   it (reconnect to the primary) without reading SQLSTATEs.
 
+One warning, not an error: :class:`PrivatePathUnavailable`, once per process, where a private
+SQLAlchemy or driver name awa-sa uses has moved and the public path is taken instead
+(docs/architecture.md#private-names).
+
 Whatever is raised, nothing the operation did is committed. With an ``Engine`` its own
 transaction is rolled back. With a ``Connection`` the caller's transaction is left either
 untouched (the error came from a savepoint-wrapped queue-storage branch, or before any write) or
@@ -33,7 +37,10 @@ from dataclasses import dataclass
 
 import sqlalchemy.exc
 
-from awa_sa.internals import while_connecting
+from awa_sa.internals import (
+    PrivatePathUnavailable,  # noqa: F401 -- re-exported for callers
+    while_connecting,
+)
 
 UNIQUE_VIOLATION = "23505"
 READ_ONLY = "25006"

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, TypeVar, cast
 
 from sqlalchemy import Connection, Dialect, Engine
 from sqlalchemy.exc import UnboundExecutionError
+from sqlalchemy.pool import PoolProxiedConnection
 
 from awa_sa import flow
 from awa_sa.calls import AnyCall, Call, EndCall
@@ -29,6 +30,7 @@ from awa_sa.errors import (
     translated_error,
 )
 from awa_sa.internals import (
+    UNKNOWN_LEVEL,
     Direct,
     autocommit_off,
     autocommit_on,
@@ -36,6 +38,7 @@ from awa_sa.internals import (
     checkout,
     connect_isolation_level,
     direct_allowed,
+    driver_isolation_level,
     in_autocommit,
 )
 from awa_sa.kinds import Ending
@@ -105,11 +108,14 @@ def within(bind: Engine | Connection | Session, calls: Sequence[AnyCall]) -> lis
         alone = _alone_in_autocommit(bind)
         if direct_allowed(bind):
             first = _direct(bind, calls, autocommit=alone)
-        elif not alone:
+        elif alone is False:
             with bind.begin() as conn:
                 return in_transaction(conn, calls)
         else:
             with bind.connect() as conn:
+                if alone is None and not _alone_in_autocommit(bind, conn.connection):
+                    with conn.begin():
+                        return in_transaction(conn, calls)
                 first = _autocommit_try(conn, calls)
                 if not isinstance(first, list):
                     conn.rollback()  # ends SQLAlchemy's autobegun transaction; nothing to send
@@ -134,11 +140,16 @@ class _Then:
         return self.step(conn, self.calls)
 
 
-def _direct(engine: Engine, calls: Sequence[AnyCall], *, autocommit: bool) -> list[Ending] | _Then:
+def _direct(
+    engine: Engine, calls: Sequence[AnyCall], *, autocommit: bool | None
+) -> list[Ending] | _Then:
     """The first try on a pooled connection of *engine*'s, without a Connection: alone in
-    autocommit where the one statement may run so, else in the driver's own transaction,
-    committed when the try settled the call (what is left rolls back at checkin)."""
+    autocommit where the one statement may run so (None: as the connection's level says),
+    else in the driver's own transaction, committed when the try settled the call (what is
+    left rolls back at checkin)."""
     fairy = checkout(engine)  # the pool's: its events, pre-ping
+    if autocommit is None:
+        autocommit = bool(_alone_in_autocommit(engine, fairy))
     idle = False  # known to have no transaction open: returned without the reset's ROLLBACK
     try:
         direct = Direct(engine, fairy)
@@ -209,17 +220,22 @@ hand each exchange to a different server connection: seen binding our parameters
 client's unnamed statement (08P01). Inside BEGIN the server connection stays ours."""
 
 
-def _alone_in_autocommit(engine: Engine) -> bool:
+def _alone_in_autocommit(engine: Engine, fairy: PoolProxiedConnection | None = None) -> bool | None:
     """May the one statement run alone in autocommit, as it would inside this engine's BEGIN?
 
     A lone statement is its own READ COMMITTED transaction; an engine set to another
     isolation level (or to AUTOCOMMIT, which the transaction path refuses) sends it inside
     BEGIN at that level, and so does a driver whose statement is not one exchange
-    (:data:`_SEVERAL_EXCHANGES`).
+    (:data:`_SEVERAL_EXCHANGES`). None where the engine's level is unknown
+    (``awa_sa.internals.UNKNOWN_LEVEL``) and no pooled connection *fairy* is at hand to tell.
     """
     if engine.dialect.driver in _SEVERAL_EXCHANGES:
         return False
     level = connect_isolation_level(engine)
+    if level == UNKNOWN_LEVEL:
+        if fairy is None:
+            return None
+        level = driver_isolation_level(fairy)
     return level is None or level.upper().replace("_", " ") == "READ COMMITTED"
 
 

@@ -14,9 +14,11 @@ async faces (:mod:`~awa_sa.internals.greenlet`), a connection's state
 
 from awa_sa.internals import lookup
 from awa_sa.internals.connecting import (
+    UNKNOWN_LEVEL,
     autocommit_off,
     autocommit_on,
     connect_isolation_level,
+    driver_isolation_level,
     in_autocommit,
     while_connecting,
 )
@@ -27,6 +29,7 @@ from awa_sa.internals.lookup import PrivatePathUnavailable
 from awa_sa.internals.schema import SchemaTranslatedFunction
 
 __all__ = [
+    "UNKNOWN_LEVEL",
     "Direct",
     "PrivatePathUnavailable",
     "SchemaTranslatedFunction",
@@ -36,6 +39,7 @@ __all__ = [
     "checkout",
     "connect_isolation_level",
     "direct_allowed",
+    "driver_isolation_level",
     "fetched",
     "in_autocommit",
     "lean_execute",

@@ -6,10 +6,12 @@ except the isolation level ``create_engine`` was given, which SQLAlchemy keeps p
 from __future__ import annotations
 
 import traceback
+from enum import Enum
 from typing import Any
 
 from sqlalchemy import Connection
 from sqlalchemy.engine import Dialect, Engine
+from sqlalchemy.pool import PoolProxiedConnection
 
 from awa_sa.internals import lookup
 from awa_sa.internals.direct import Direct
@@ -19,6 +21,7 @@ __all__ = [
     "autocommit_off",
     "autocommit_on",
     "connect_isolation_level",
+    "driver_isolation_level",
     "in_autocommit",
     "while_connecting",
 ]
@@ -50,7 +53,8 @@ def connect_isolation_level(engine: Engine) -> str | None:
     ``create_engine(isolation_level=...)`` is kept only in the dialect's private
     ``_on_connect_isolation_level``; ``Engine.get_execution_options()`` shows only the
     execution-option form. Without the private attribute (``lookup.PATHS.isolation``) the
-    answer is :data:`UNKNOWN_LEVEL` unless an execution option names it.
+    answer is :data:`UNKNOWN_LEVEL` unless an execution option names it: a connection of the
+    engine's then tells (:func:`driver_isolation_level`).
     tests/integration/test_one_statement.py (isolation levels).
     """
     level = engine.get_execution_options().get("isolation_level")
@@ -59,6 +63,40 @@ def connect_isolation_level(engine: Engine) -> str | None:
             return UNKNOWN_LEVEL
         level = engine.dialect._on_connect_isolation_level
     return None if level is None else str(level)
+
+
+_PSYCOPG2_LEVELS = {1: "READ COMMITTED", 2: "REPEATABLE READ", 3: "SERIALIZABLE"}
+_PSYCOPG2_LEVELS[4] = "READ UNCOMMITTED"
+"""psycopg2's ``isolation_level``, an int (psycopg's is an enum, by name)."""
+_ABSENT: Any = object()
+
+
+def driver_isolation_level(fairy: PoolProxiedConnection) -> str | None:
+    """The isolation level *fairy*'s driver connection begins its transactions at, None for
+    the server's default: read from the drivers' public attributes, with no round trip, where
+    the engine's own setting cannot be read (:func:`connect_isolation_level`).
+
+    SQLAlchemy sets the level ``create_engine`` was given on each new driver connection:
+    psycopg's and psycopg2's ``isolation_level`` (on psycopg's ``AsyncConnection`` for the
+    async dialect), or the asyncpg adapter's, which SQLAlchemy keeps itself. AUTOCOMMIT is the
+    driver's ``autocommit`` switch. A driver with neither answers :data:`UNKNOWN_LEVEL`.
+    tests/integration/test_one_statement.py (isolation levels, run with AWA_SA_PUBLIC_ONLY=1).
+    """
+    dbapi = fairy.dbapi_connection
+    if dbapi is None:
+        return UNKNOWN_LEVEL
+    if getattr(dbapi, "autocommit", False):
+        return "AUTOCOMMIT"
+    level = getattr(fairy.driver_connection, "isolation_level", _ABSENT)
+    if level is _ABSENT:
+        level = getattr(dbapi, "isolation_level", _ABSENT)
+    if level is None or isinstance(level, str):
+        return level
+    if isinstance(level, Enum):
+        return level.name
+    if isinstance(level, int):
+        return _PSYCOPG2_LEVELS.get(level, UNKNOWN_LEVEL)
+    return UNKNOWN_LEVEL
 
 
 def in_autocommit(conn: Connection | Direct) -> bool:

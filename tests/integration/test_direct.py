@@ -30,8 +30,14 @@ from awa_sa.internals import (
     autocommit_on,
     checkout,
     direct_allowed,
+    lookup,
     run_in_greenlet,
 )
+
+taken = pytest.mark.skipif(
+    not lookup.PATHS.direct, reason="the direct path is off (AWA_SA_PUBLIC_ONLY=1)"
+)
+"""For a test of the direct path being taken; the others hold of the Connection too."""
 
 
 @pytest.fixture
@@ -41,6 +47,7 @@ def plain(db_url: str) -> Iterator[sa.Engine]:
     engine.dispose()
 
 
+@taken
 def test_an_engine_that_no_one_watches_takes_it(plain: sa.Engine, db_url: str) -> None:
     assert direct_allowed(plain)
     for driver in ("psycopg2", "pg8000"):
@@ -49,6 +56,8 @@ def test_an_engine_that_no_one_watches_takes_it(plain: sa.Engine, db_url: str) -
         other.dispose()
 
 
+@taken
+@pytest.mark.skipif(not lookup.PATHS.asyncpg_context, reason="asyncpg keeps the Connection")
 async def test_asyncpg_takes_it_with_its_contexts_steps(db_url: str) -> None:
     """asyncpg's execution context stamps each cursor with the time the dialect last saw the
     schema change, and moves that time on after a statement fails for a changed schema, so
@@ -97,6 +106,8 @@ async def test_async_drivers_natively_answer_and_fail_as_their_adapters(
     engine = create_async_engine(driver_url(db_url, driver), pool_size=1)
     sync = engine.sync_engine
     answer = "SELECT 1 AS one, 'two' AS two"
+    if driver == "asyncpg" and not lookup.PATHS.asyncpg_native:
+        pytest.skip("asyncpg's lone statement goes through its adapter")
     try:
         assert await run_in_greenlet(_direct_send, sync, answer) == [(1, "two")]
         adapted = await run_in_greenlet(lambda: checkout(sync))
@@ -176,9 +187,10 @@ def test_info_logging_of_sqlalchemy_keeps_the_connection(
         assert not direct_allowed(plain)
         awa_sa.reschedule_canonical_attempt(plain, 10**9, 1, SNOOZE)
     assert any("awa.jobs_hot" in record.getMessage() for record in caplog.records)
-    assert direct_allowed(plain)
+    assert direct_allowed(plain) == lookup.PATHS.direct
 
 
+@taken
 def test_the_pools_events_fire_once_a_call(plain: sa.Engine) -> None:
     """Checkout, reset and checkin, as for a Connection that ended its transaction: the reset
     is told so, and the connection goes back with no transaction open, no ROLLBACK sent."""
@@ -272,7 +284,7 @@ def test_a_call_that_may_not_run_alone_runs_in_the_drivers_transaction(
     else:
         engine = sa.create_engine(db_url, pool_size=1, isolation_level=level)
     try:
-        assert direct_allowed(engine)
+        assert direct_allowed(engine) == lookup.PATHS.direct
         with engine.begin() as conn:
             job, other = insert_job(conn), insert_job(conn)
         assert isinstance(
@@ -300,6 +312,7 @@ def test_a_call_that_may_not_run_alone_runs_in_the_drivers_transaction(
         engine.dispose()
 
 
+@taken
 def test_pg8000_commits_in_one_exchange(db_url: str) -> None:
     """Its own commit() is three exchanges (an unnamed prepared COMMIT); the direct path's is
     a simple query: BEGIN, the statement's three, COMMIT."""

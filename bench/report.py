@@ -143,17 +143,24 @@ def _single(single: dict[str, Any]) -> None:
     )
     print(
         f"  {'':42} {'wall':>9} {'/floor':>18} {'target':>12} {'/one':>18} {'target':>12}"
-        f"  {'client CPU':>10} {'/one':>6}"
+        f" {'/pool':>18}  {'client CPU':>10} {'/one':>6} {'/pool':>6}"
+    )
+    print(
+        "  /one: over the one-statement floor, on a connection the client keeps;"
+        " /pool: over the pool floor, the same statement on a connection checked out of"
+        " the pool per call"
     )
     wall, one = spread(single), spread(single, floor="one-statement floor")
+    pool = spread(single, floor="pool floor")
     cpu = ratios(single, "cpu_us", "one-statement floor")
+    cpu_pool = ratios(single, "cpu_us", "pool floor")
     for name, row in single["variants"].items():
         form, group = _form(name), single["groups"][name]
         print(
             f"  {name:42} {row['wall_us']:7.1f}µs {_cell(wall[name]):>18}"
             f" {_verdict(wall[name][0], floor_target(group, form)):>12} {_cell(one[name]):>18}"
-            f" {_verdict(one[name][0], one_target(group, form)):>12}"
-            f"  {row['cpu_us']:8.1f}µs {cpu[name]:5.2f}x"
+            f" {_verdict(one[name][0], one_target(group, form)):>12} {_cell(pool[name]):>18}"
+            f"  {row['cpu_us']:8.1f}µs {cpu[name]:5.2f}x {cpu_pool[name]:5.2f}x"
         )
     for name, why in single["skipped"].items():
         print(f"  {name:36} not run: {why}")

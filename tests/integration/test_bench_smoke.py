@@ -207,3 +207,8 @@ def test_one_core_pins_the_bench_and_its_server(tmp_path: Path) -> None:
     assert machine["server_cpu_affinity"] == machine["cpu_affinity"]
     assert "alone" in printed.splitlines()[0]
     assert set(written["single"]["groups"].values()) == {"psycopg"}
+    header = next(line for line in printed.splitlines() if "target" in line)
+    assert header.split()[:7] == ["wall", "/floor", "target", "/one", "target", "/pool", "client"]
+    for name in ("psycopg awa-sa Engine", "psycopg awa-sa Connection"):
+        row = next(line for line in printed.splitlines() if line.strip().startswith(name))
+        assert row.count("x [") == 3  # over the floor, the kept connection's and the pool's

@@ -16,6 +16,7 @@ from jobs import insert_job
 import awa_sa_schema
 from awa_sa import compiled, queue_storage, statements
 from awa_sa.calls import prepare
+from awa_sa.internals import lookup
 from awa_sa.kinds import RetryAfter, Snooze
 from awa_sa.statements.attempts import item_binds
 from awa_sa.tools import listing
@@ -100,10 +101,26 @@ def test_rows_and_types_match_core_execution(engine: sa.Engine, batch: bool) -> 
         assert [type(v) for row in core + text for v in row.values()] == [str, str]
 
 
-def test_lean_execution_is_exec_driver_sql_but_its_result(engine: sa.Engine) -> None:
+@pytest.mark.parametrize(
+    "public",
+    [
+        pytest.param(
+            False,
+            marks=pytest.mark.skipif(lookup.PUBLIC_ONLY, reason="AWA_SA_PUBLIC_ONLY=1"),
+            id="private",
+        ),
+        pytest.param(True, id="public"),
+    ],
+)
+def test_lean_execution_is_exec_driver_sql_but_its_result(
+    engine: sa.Engine, public: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``internals.lean_execute``: the same events, text, parameters, rows and errors as
-    ``exec_driver_sql``; only the result differs (the rows, as named tuples)."""
+    ``exec_driver_sql``; only the result differs (the rows, as named tuples). On the public
+    path (a private name moved, or AWA_SA_PUBLIC_ONLY=1) it is ``exec_driver_sql`` itself."""
     from awa_sa.internals import lean_execute  # noqa: PLC0415 -- the internal under test
+
+    monkeypatch.setattr(lookup, "PATHS", lookup.look_up(public_only=public))
 
     seen: list[tuple[str, str, Any]] = []
 

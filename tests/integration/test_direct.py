@@ -30,6 +30,7 @@ from awa_sa.internals import (
     autocommit_on,
     checkout,
     direct_allowed,
+    driver_isolation_level,
     lookup,
     run_in_greenlet,
 )
@@ -178,6 +179,54 @@ def test_an_engine_someone_watches_keeps_its_connection(db_url: str, watched: st
             assert seen
     finally:
         engine.dispose()
+
+
+def test_on_the_public_paths_the_engine_form_keeps_its_connection(
+    plain: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where a private name moved (here: all of them, as AWA_SA_PUBLIC_ONLY=1 has it), the
+    Engine form runs in a Connection, its statement by ``exec_driver_sql``, and settles the
+    same: the one statement alone in autocommit, the connection back out of autocommit."""
+    monkeypatch.setattr(lookup, "PATHS", lookup.look_up(public_only=True))
+    assert not direct_allowed(plain)
+    with plain.begin() as conn:
+        job = insert_job(conn)
+    outcome = awa_sa.reschedule_canonical_attempt(plain, job, 1, SNOOZE)
+    assert isinstance(outcome, awa_sa.Rescheduled)
+    with plain.connect() as conn:
+        assert conn.connection.dbapi_connection.autocommit is False  # type: ignore[union-attr]
+        moved = "SELECT count(*) FROM awa.scheduled_jobs WHERE id = %(id)s"
+        assert conn.exec_driver_sql(moved, {"id": job}).scalar() == 1
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "psycopg2", "psycopg async", "asyncpg"])
+async def test_a_connections_driver_tells_the_engines_isolation_level(
+    db_url: str, driver: str
+) -> None:
+    """What the Engine form reads where the dialect's private level is not read: each driver
+    connection's own, as ``create_engine(isolation_level=...)`` set it, without a round trip."""
+    levels: dict[str | None, str | None] = {}
+    for asked in (None, "SERIALIZABLE", "REPEATABLE READ", "AUTOCOMMIT"):
+        if driver in ("psycopg async", "asyncpg"):
+            url = driver_url(db_url, driver.split(maxsplit=1)[0])
+            engine = create_async_engine(url, isolation_level=asked).sync_engine
+            fairy = await run_in_greenlet(lambda engine=engine: checkout(engine))
+            levels[asked] = driver_isolation_level(fairy)
+            await run_in_greenlet(fairy.close)
+            await run_in_greenlet(engine.dispose)
+        else:
+            engine = sa.create_engine(driver_url(db_url, driver), isolation_level=asked)
+            fairy = checkout(engine)
+            levels[asked] = driver_isolation_level(fairy)
+            fairy.close()
+            engine.dispose()
+    normal = {k: v if v is None else v.upper().replace("_", " ") for k, v in levels.items()}
+    assert normal == {
+        None: None,
+        "SERIALIZABLE": "SERIALIZABLE",
+        "REPEATABLE READ": "REPEATABLE READ",
+        "AUTOCOMMIT": "AUTOCOMMIT",
+    }
 
 
 def test_info_logging_of_sqlalchemy_keeps_the_connection(

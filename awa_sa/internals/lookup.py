@@ -4,9 +4,9 @@ A SQLAlchemy or driver release may rename or reshape any of them without notice,
 on the path of every call. So each is checked here, once, and nowhere else: its presence, and
 its parameters where ``inspect.signature`` reads them for a few microseconds. A path whose
 names are all found takes them. A path with a name missing or changed takes SQLAlchemy's public
-API instead (a ``Connection`` and ``exec_driver_sql``, ``greenlet_spawn``, BEGIN around the one
-statement), the same outcomes by a slower road, and awa-sa says so once per process with a
-:class:`PrivatePathUnavailable` warning; never an error.
+API instead (a ``Connection`` and ``exec_driver_sql``, ``greenlet_spawn``, the isolation level
+read from the driver connection), the same outcomes by a slower road, and awa-sa says so once
+per process with a :class:`PrivatePathUnavailable` warning; never an error.
 
 ``AWA_SA_PUBLIC_ONLY=1`` in the environment, read once here, turns every private path off
 without a warning, so that a whole run of the suite proves the public paths
@@ -57,8 +57,8 @@ class Paths:
     kept_greenlet: bool
     """The async faces in a kept greenlet; else ``greenlet_spawn``'s new one per call."""
     isolation: bool
-    """The isolation level ``create_engine`` was given, read from the dialect; else unknown,
-    and the Engine form keeps BEGIN around its one statement."""
+    """The isolation level ``create_engine`` was given, read from the dialect; else from each
+    pooled connection's driver (``awa_sa.internals.connecting.driver_isolation_level``)."""
     schema_map: bool
     """A function under a translated schema by SQLAlchemy's own mapping; else by reading the
     compiler's map."""

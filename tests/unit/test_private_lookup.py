@@ -78,7 +78,7 @@ def _on_public_paths(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_without_the_dialects_level_the_level_is_unknown(
     monkeypatch: pytest.MonkeyPatch, isolation: str | None
 ) -> None:
-    """Unknown, so the Engine form keeps BEGIN; an execution option still names it."""
+    """Unknown, so the Engine form asks the pooled connection; an execution option names it."""
     engine = sa.create_engine(
         "postgresql+psycopg://nobody@localhost/none", isolation_level=isolation
     )

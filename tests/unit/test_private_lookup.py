@@ -7,8 +7,12 @@ lookup is run again as it runs at import, and the paths it answers are put in fo
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -68,6 +72,23 @@ def test_public_only_turns_every_path_off_in_silence(monkeypatch: pytest.MonkeyP
     assert not any(getattr(paths, name) for name in paths.__slots__ if name != "missing")
     assert paths.missing == ()
     assert not lookup._warned
+
+
+@pytest.mark.parametrize("value", ["1", "0"])
+def test_the_environment_is_read_at_import(value: str) -> None:
+    """``AWA_SA_PUBLIC_ONLY=1`` at import: every path off, and no warning (``-W error``)."""
+    script = "from awa_sa.internals import lookup; print(lookup.PUBLIC_ONLY, lookup.PATHS.direct)"
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", script],
+        env={**os.environ, "AWA_SA_PUBLIC_ONLY": value, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    public = value == "1"
+    assert done.stdout.split() == [str(public), str(not public)]
+    assert done.stderr == ""
 
 
 def _on_public_paths(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,8 +13,10 @@ one per call. The sync engine, its pool and its events are the same either way.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable, Sequence
-from typing import Any, cast
+from collections.abc import Callable, Iterable, Sequence
+from datetime import timedelta
+from functools import partial
+from typing import Any, TypeVar, cast
 
 try:  # SQLAlchemy's own message would name its extra, not ours
     importlib.import_module("greenlet")
@@ -32,11 +34,17 @@ from awa_sa.errors import ValidationError, translated_error
 from awa_sa.internals import run_in_greenlet
 from awa_sa.kinds import Attempt, Ending, Kind, Outcome, Result, Settle, Settlement
 from awa_sa.reschedule import settling, settlings
-from awa_sa.running import RunningAttempt
+from awa_sa.running import JobLike, RunningAttempt
+from awa_sa.running import attempt_of as _sync_attempt_of
+from awa_sa.running import running_attempts as _sync_running_attempts
+
+_T = TypeVar("_T")
 
 __all__ = [
+    "attempt_of",
     "reschedule_canonical_attempt",
     "reschedule_canonical_attempts",
+    "running_attempts",
     "settle",
     "settle_attempts",
     "settle_canonical_attempt",
@@ -138,6 +146,46 @@ async def settle_attempts(
     return await _within(bind, calls) if calls else []
 
 
+async def running_attempts(
+    bind: AsyncEngine | AsyncConnection | AsyncSession,
+    *,
+    queue: str | None = None,
+    kind: str | None = None,
+    running_for: timedelta | None = None,
+    job_id: int | None = None,
+    attempt: int | None = None,
+    limit: int | None = None,
+) -> list[RunningAttempt]:
+    """Async :func:`awa_sa.running_attempts`; same arguments, results and errors.
+
+    An ``AsyncConnection`` or ``AsyncSession`` reads in its transaction; an ``AsyncEngine``
+    opens one connection for the reads.
+    """
+    _check_bind(bind)
+    listing = partial(
+        _sync_running_attempts,
+        queue=queue,
+        kind=kind,
+        running_for=running_for,
+        job_id=job_id,
+        attempt=attempt,
+        limit=limit,
+    )
+    return await _on_sync(bind, listing)
+
+
+async def attempt_of(
+    bind: AsyncEngine | AsyncConnection | AsyncSession, job: JobLike | Any
+) -> RunningAttempt:
+    """Async :func:`awa_sa.attempt_of`; same arguments, result and errors.
+
+    In an awa-pg handler, ``job`` is the ``Job`` the handler was given, and ``bind`` the
+    connection whose transaction then writes the handler's rows and settles the attempt.
+    """
+    _check_bind(bind)
+    return await _on_sync(bind, _sync_attempt_of, job)
+
+
 def _check_bind(bind: object) -> None:
     if isinstance(bind, AsyncEngine | AsyncConnection):
         check_dialect(bind.dialect, is_async=True)
@@ -153,14 +201,25 @@ def _check_bind(bind: object) -> None:
 async def _within(
     bind: AsyncEngine | AsyncConnection | AsyncSession, calls: Sequence[AnyCall]
 ) -> list[Ending]:
+    return await _on_sync(bind, forms.in_transaction, calls, engine_form=forms.within)
+
+
+async def _on_sync(
+    bind: AsyncEngine | AsyncConnection | AsyncSession,
+    fn: Callable[..., _T],
+    *args: Any,
+    engine_form: Callable[..., _T] | None = None,
+) -> _T:
+    """``fn(conn, *args)`` on the sync Connection behind *bind*, or ``engine_form`` (else
+    ``fn``) of the whole sync Engine, each in one kept greenlet (the module's docstring)."""
     if isinstance(bind, AsyncEngine):
-        return await run_in_greenlet(forms.within, bind.sync_engine, calls)
+        return await run_in_greenlet(engine_form or fn, bind.sync_engine, *args)
     try:  # a connection that died in the greenlet, or a Session's autobegin
         if isinstance(bind, AsyncSession):
             bind = await bind.connection()
         if bind.sync_connection is None:  # not started: run_sync raises SQLAlchemy's error
-            return await bind.run_sync(forms.in_transaction, calls)
-        return await run_in_greenlet(forms.in_transaction, bind.sync_connection, calls)
+            return await bind.run_sync(fn, *args)
+        return await run_in_greenlet(fn, bind.sync_connection, *args)
     except Exception as exc:
         # translated() entered only once something was raised (as in awa_sa.forms)
         raise translated_error(exc)  # noqa: B904 -- translated() chained it already

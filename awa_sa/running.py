@@ -164,7 +164,7 @@ def running_attempts(
     before those: ``SET LOCAL jit = off`` in its own transaction, since PostgreSQL would
     JIT-compile the listing of every receipt (a third of a second on a fresh cluster). A
     ``Connection`` reads in its transaction; an ``Engine`` opens one connection for the reads.
-    From async code: ``await conn.run_sync(running_attempts, ...)``.
+    From async code: :func:`awa_sa.asyncio.running_attempts`.
     """
     filters = Filters(queue, kind, running_for, job_id, attempt, None, limit)
     return _list(bind, filters)
@@ -215,8 +215,7 @@ def attempt_of(bind: Engine | Connection, job: JobLike | Any) -> RunningAttempt:
     Raises :class:`AttemptNotFound` when nothing running matches (the claim was settled,
     rescued or re-claimed since), :class:`AmbiguousAttempt` when more than one does, and
     :class:`ValidationError` for a job lacking those attributes. The statements and round
-    trips are :func:`running_attempts`'s. From async code:
-    ``await conn.run_sync(attempt_of, job)``.
+    trips are :func:`running_attempts`'s. From async code: :func:`awa_sa.asyncio.attempt_of`.
     """
     filters = _identity(job)
     found = _list(bind, filters)

@@ -23,10 +23,14 @@ from sqlalchemy.dialects.postgresql import JSONB, REGCLASS, array
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from awa_sa import queue_storage as qs
+from awa_sa import tables
 from awa_sa.errors import ValidationError
 from awa_sa.running import RunningAttempt, running_attempts
 from awa_sa.testing.attempts import DEFAULT_DEADLINE_SECS
-from awa_sa.testing.phases import DEFAULT_SCHEMA
+from awa_sa.testing.phases import DEFAULT_SCHEMA, set_phase
+
+AUTO_FINALIZE_SCHEMA = "awa"
+"""Where the first awa-pg runtime finalizes a fresh cluster unless told another schema."""
 
 _SHARD = 0
 
@@ -219,13 +223,45 @@ def _claimed_past() -> sa.Select[Any]:
 
 @cache
 def _routing() -> sa.Select[Any]:
-    return sa.select(sa.func.awa.active_queue_storage_schema())
+    """Where routing points, and whether the cluster is one a first runtime would finalize:
+    canonical, nothing prepared, no job in either canonical table."""
+    state = tables.storage_transition_state
+    fresh = sa.and_(
+        state.c.state == "canonical",
+        state.c.prepared_engine.is_(None),
+        ~sa.exists().select_from(tables.jobs_hot),
+        ~sa.exists().select_from(tables.scheduled_jobs),
+    )
+    return sa.select(
+        sa.func.awa.active_queue_storage_schema().label("schema"), fresh.label("fresh")
+    ).where(state.c.singleton)
+
+
+def _routed(conn: sa.Connection, schema: str | None) -> str:
+    """The schema to claim in; a fresh canonical cluster is finalized to it first, as the
+    first awa-pg runtime to start on it does (``storage_auto_finalize_if_fresh``)."""
+    routing = conn.execute(_routing()).one()
+    if routing.schema is None and routing.fresh:
+        set_phase(conn, "active", schema or AUTO_FINALIZE_SCHEMA)
+        return schema or AUTO_FINALIZE_SCHEMA
+    if routing.schema is None:
+        raise ValidationError(
+            "routing is canonical and the cluster is not fresh (a job or a prepared transition"
+            " is there, so no runtime would finalize it): set_phase(conn, 'mixed_transition',"
+            f" {schema or DEFAULT_SCHEMA!r}) first"
+        )
+    if schema is not None and routing.schema != schema:
+        raise ValidationError(
+            f"routing is {routing.schema}, not {schema}: set_phase(conn, 'mixed_transition', "
+            f"{schema!r}) first"
+        )
+    return str(routing.schema)
 
 
 def queue_storage_attempt(
     conn: sa.Connection,
     *,
-    schema: str = DEFAULT_SCHEMA,
+    schema: str | None = None,
     kind: str = "example_job",
     queue: str = "default",
     args: Any = None,
@@ -236,37 +272,35 @@ def queue_storage_attempt(
     tags: Sequence[str] = (),
     deadline_secs: float = DEFAULT_DEADLINE_SECS,
 ) -> RunningAttempt:
-    """Enqueue a job into *schema* and claim it as a runtime would; return its attempt.
+    """Enqueue a job on queue storage and claim it as a runtime would; return its attempt.
 
-    Routing must point at *schema* first (``set_phase(conn, "mixed_transition", schema)`` or
-    ``"active"``): a runtime claims from queue storage only then, and awa-sa lists only the
-    routing schema's receipts. Runs in *conn*'s transaction and never commits. ``attempt``
+    The claim is made in the schema routing points at (*schema*, when named, must be that
+    one). A fresh database, canonical with no job and nothing prepared (the fixtures' start,
+    and a cluster ``awa migrate`` just built), is first finalized to *schema* (``awa`` unless
+    named), as the first awa-pg runtime to start on it would: in a service's tests, as in
+    production, every attempt is then a queue-storage receipt. Elsewhere set the phase first
+    (``set_phase(conn, "mixed_transition", schema)`` or ``"active"``). Runs in *conn*'s
+    transaction and never commits. ``attempt``
     above 1 models a job claimed again after a retry: the ready row carries the previous
     attempt and lease. The returned :class:`~awa_sa.RunningAttempt` is read back with
     :func:`~awa_sa.running_attempts`, so its ``created_at`` is what a handler's ``Job`` would
-    carry. ``deadline_secs=0`` claims as a queue without a deadline does: a compact receipt,
-    one position of a ``lease_claim_batches`` row.
+    carry (:func:`job_of` gives that ``Job``). ``deadline_secs=0`` claims as a queue without a
+    deadline does: a compact receipt, one position of a ``lease_claim_batches`` row.
 
         >>> from awa_sa import attempt_of
-        >>> from awa_sa.testing import job_of, queue_storage_attempt, set_phase
+        >>> from awa_sa.testing import job_of, queue_storage_attempt
         >>> with engine.begin() as conn:
-        ...     set_phase(conn, "active")
         ...     mine = queue_storage_attempt(conn, kind="send_email", queue="mail")
         ...     found = attempt_of(conn, job_of(mine))
         >>> (found.storage, found.job_id == mine.job_id, found.on_queue_storage)
-        ('awa_qs', True, True)
+        ('awa', True, True)
     """
     if attempt < 1:
         raise ValidationError(f"a running attempt has attempt >= 1, got {attempt}")
     if deadline_secs < 0:
         raise ValidationError(f"deadline_secs must not be negative, got {deadline_secs}")
+    schema = _routed(conn, schema)
     translate = {"schema_translate_map": qs.translate_map(schema)}
-    routing = conn.execute(_routing()).scalar()
-    if routing != schema:
-        raise ValidationError(
-            f"routing is {routing or 'canonical'}, not {schema}: set_phase(conn, "
-            f"'mixed_transition', {schema!r}) first"
-        )
     lane = {"b_queue": queue, "b_priority": priority}
     for stmt in _lane_rows():
         conn.execute(stmt, lane, execution_options=translate)

@@ -1,6 +1,6 @@
 """Which plane a transition phase puts running attempts on, and what awa-sa can do there.
 
-The words ``awa-sa status`` prints, the README's table uses and docs/attempts.md explains.
+The words ``awa-sa status`` prints and docs/attempts.md's table uses and explains.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ PLANES = {
     "mixed_transition": "mixed",
     "active": "queue storage",
 }
-"""The plane a transition phase puts attempts on, in the words the README uses."""
+"""The plane a transition phase puts attempts on, in the words docs/attempts.md uses."""
 
 WHAT_AWA_SA_CAN_DO = {
     "canonical": (

@@ -1,9 +1,10 @@
-"""The README's install command, run as written in a fresh venv, then its quickstart's test.
+"""The README's install command, run as written in a fresh venv, then its testing example.
 
 A reader's first hour starts with these lines: a fresh clone, ``pip install`` with the extras the
-README shows, and the quickstart's service and test in a project of their own, with the async
-example beside them, run by pytest with nothing but what that install brought (the plugin,
-pytest-asyncio, asyncpg). pip's cache
+README shows, and the service whose test the README shows (``examples/invoicer.py``), with the
+async mailer beside it, in a project of their own configured with the README's pytest settings,
+run by pytest with nothing but what that install brought (the plugin, pytest-asyncio, asyncpg).
+pip's cache
 makes it quick and lets it run without a network once the dependencies have been fetched.
 
 The same install must work for any account from any checkout: building or installing writes
@@ -14,6 +15,7 @@ setuptools it could not: root's ``awa_sa.egg-info/`` was in the way).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_readme import BLOCKS, QUICKSTART_TEST, SHELL
+from test_readme import README, SHELL
 
 pytestmark = pytest.mark.slow  # a fresh clone and a pip install into a fresh venv
 
@@ -59,12 +61,12 @@ def test_the_readme_install_and_quickstart_work_in_a_fresh_venv(tmp_path: Path) 
 
     project = tmp_path / "project"
     project.mkdir()
-    (project / "service.py").write_text(BLOCKS[QUICKSTART_TEST - 1])
-    (project / "test_service.py").write_text(BLOCKS[QUICKSTART_TEST])
-    for name in ("async_mailer.py", "test_async_mailer.py"):  # the README's async example
+    [settings] = re.findall(r"```toml\n(.*?)```", README, re.S)  # the README's pytest settings
+    (project / "pyproject.toml").write_text(settings)
+    for name in ("invoicer.py", "test_invoicer.py", "async_mailer.py", "test_async_mailer.py"):
         (project / name).write_text((ROOT / "examples" / name).read_text())
-    out = run("python -m pytest -v -p no:cacheprovider", project, env)
-    assert "7 passed" in out  # the quickstart, and three async tests on psycopg and on asyncpg
+    out = run("python -m pytest -v -p no:cacheprovider -W error", project, env)
+    assert "9 passed" in out  # the invoicer's three, and the mailer's three on each driver
     assert "[asyncpg] PASSED" in out
     modules = "asyncpg, pytest_asyncio, awa_sa.asyncio, awa_sa"
     imported = run(f"python -c 'import {modules}; print(awa_sa.__file__)'", project, env)

@@ -24,7 +24,7 @@ from conftest import _janitor, database_url, run_awa
 
 import awa_sa.testing.receipts
 from awa_sa import attempt_of
-from awa_sa.testing import job_of, queue_storage_attempt, set_phase
+from awa_sa.testing import job_of, queue_storage_attempt, running_attempt, set_phase
 from awa_sa.testing.server import EmbeddedPostgres
 
 pytestmark = pytest.mark.slow  # real awa-pg runtimes
@@ -167,9 +167,38 @@ def test_queue_storage_attempt_writes_what_a_real_claim_leaves(
         assert attempt_of(conn, job_of(mine)).receipt_id == mine.receipt_id
 
 
-def test_the_kit_refuses_a_schema_routing_does_not_point_at(engine: sa.Engine) -> None:
-    with engine.begin() as conn, pytest.raises(ValueError, match="routing is canonical"):
+def test_a_fresh_database_is_finalized_to_awa_as_the_first_runtime_would(
+    engine: sa.Engine,
+) -> None:
+    with engine.begin() as conn:
+        mine = queue_storage_attempt(conn, kind="send_email")
+        phase = conn.execute(
+            sa.text("SELECT state, details->>'schema' FROM awa.storage_transition_state")
+        ).one()
+    assert tuple(phase) == ("active", "awa")
+    assert (mine.storage, mine.on_queue_storage) == ("awa", True)
+    with engine.connect() as conn:
+        assert attempt_of(conn, job_of(mine)).receipt_id == mine.receipt_id
+
+
+def test_a_named_schema_is_where_a_fresh_database_is_finalized(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        assert queue_storage_attempt(conn, schema="awa_qs").storage == "awa_qs"
+        assert queue_storage_attempt(conn).storage == "awa_qs"  # routing points there now
+
+
+def test_the_kit_refuses_where_no_runtime_would_finalize(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        running_attempt(conn)  # a canonical job: the cluster is no longer fresh
+    with engine.begin() as conn, pytest.raises(ValueError, match="not fresh"):
         queue_storage_attempt(conn)
+
+
+def test_the_kit_refuses_a_schema_routing_does_not_point_at(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        set_phase(conn, "active", "awa_qs")
+    with engine.begin() as conn, pytest.raises(ValueError, match="routing is awa_qs, not awa"):
+        queue_storage_attempt(conn, schema="awa")
 
 
 def test_the_example_in_its_docstring_runs(awa_engine: sa.Engine) -> None:

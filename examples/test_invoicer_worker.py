@@ -1,0 +1,147 @@
+"""The invoicer end to end on a real awa-pg runtime: migrate, start the worker, enqueue.
+
+A cluster built by ``awa migrate``, the worker started on it before any job (so its runtime
+finalizes the cluster to queue storage), then the orders. Every job must end with exactly its
+invoice: no completed job without its row, no row without its job's completion, and a handler
+that raised halfway (its row written, its delivery failed) leaves nothing of that attempt.
+
+Skipped where awa-pg or the awa CLI is not installed: a service's tests with the kit alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import invoicer
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from awa_sa.asyncio import running_attempts
+from awa_sa.testing import Location, locate
+from awa_sa.testing.databases import Databases
+
+awa = pytest.importorskip("awa", reason="awa-pg is not installed")
+import invoicer_worker  # noqa: E402 -- imports awa
+
+pytestmark = pytest.mark.slow  # a real runtime, and a retry's backoff of 2 s
+
+ORDERS = {order_id: 1000 + order_id for order_id in range(1, 7)}
+FLAKY = 3
+"""The order whose first delivery fails, after its invoice row was written."""
+WAIT_SECS = 120.0
+STILL = 3_600_000
+"""A ring rotation interval (ms) past the end of the test, so no ring rotates: the runtime's
+maintenance prunes a rotated ring's finished rows (a completion among them) within seconds, and
+the test reads every job's end afterwards."""
+ENDS = ("completed", "failed", "cancelled")
+
+
+def awa_cli() -> str:
+    beside = Path(sys.executable).with_name("awa")
+    found = str(beside) if beside.exists() else shutil.which("awa")
+    if found is None:
+        pytest.skip("the awa CLI (pip install awa-cli) is not installed")
+    return found
+
+
+@pytest.fixture
+def migrated(awa_databases: Databases) -> Iterator[str]:
+    """A database that ``awa migrate`` built and nothing has run on yet: its libpq URL."""
+    cli = awa_cli()
+    name = f"{awa_databases.template.removesuffix('_template')}_invoicer"
+    with awa_databases.admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    url = sa.make_url(awa_databases.url(name)).set(drivername="postgresql")
+    libpq = url.render_as_string(hide_password=False)
+    try:
+        subprocess.run(
+            [cli, "migrate"],
+            env={**os.environ, "DATABASE_URL": libpq, "RUST_LOG": "warn"},
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        yield libpq
+    finally:
+        awa_databases.drop(name)
+
+
+async def test_every_job_ends_with_exactly_its_invoice(migrated: str) -> None:
+    engine = create_async_engine(sa.make_url(migrated).set(drivername="postgresql+psycopg"))
+    await invoicer.create_tables(engine)
+    deliveries: Counter[int] = Counter()
+
+    async def deliver(args: Mapping[str, Any]) -> None:
+        deliveries[args["order_id"]] += 1
+        if args["order_id"] == FLAKY and deliveries[FLAKY] == 1:
+            raise ConnectionError("smtp.example.com refused the connection")
+
+    client = invoicer_worker.invoicer(migrated, engine, deliver)
+    try:
+        # The usual order: the worker starts on the fresh cluster, then the orders come.
+        await client.start(
+            [(invoicer_worker.QUEUE, 4)],
+            promote_interval_ms=100,
+            queue_storage_queue_rotate_interval_ms=STILL,
+            queue_storage_lease_rotate_interval_ms=STILL,
+            queue_storage_claim_rotate_interval_ms=STILL,
+        )
+        assert await phase(engine) == ("active", "awa")  # finalized: queue storage, schema awa
+        jobs = {
+            order_id: await invoicer_worker.enqueue_invoice(client, order_id, amount)
+            for order_id, amount in ORDERS.items()
+        }
+        ended = await until_ended(engine, list(jobs.values()), deliveries)
+    finally:
+        await client.shutdown()  # the runtime's own completions, after the handlers', flushed
+        await client.close()
+    async with engine.connect() as conn:
+        rows = (await conn.execute(sa.select(invoicer.invoices))).mappings().all()
+        still_running = await running_attempts(conn)
+    await engine.dispose()
+
+    # Every job completed, and every invoice is its job's, written by the attempt that ended it.
+    assert {order: where.state for order, where in ended.items()} == dict.fromkeys(
+        ORDERS, "completed"
+    )
+    assert {r["order_id"]: (r["job_id"], r["attempt"], r["amount_cents"]) for r in rows} == {
+        order: (jobs[order], ended[order].attempt, amount) for order, amount in ORDERS.items()
+    }
+    assert len(rows) == len(ORDERS)
+    # The flaky order's first attempt raised after writing its row: that row never committed,
+    # the runtime retried the attempt, and the second one wrote the invoice and ended the job.
+    assert ended[FLAKY].attempt == 2
+    assert deliveries == Counter({**dict.fromkeys(ORDERS, 1), FLAKY: 2})
+    assert still_running == []
+
+
+async def phase(engine: AsyncEngine) -> tuple[Any, ...]:
+    """The cluster's transition state and the schema it routes to."""
+    async with engine.connect() as conn:
+        query = sa.text("SELECT state, details->>'schema' FROM awa.storage_transition_state")
+        return tuple((await conn.execute(query)).one())
+
+
+async def until_ended(
+    engine: AsyncEngine, job_ids: list[int], deliveries: Counter[int]
+) -> dict[int, Location]:
+    """Each job's row once every one has ended, by its order (enqueued in order)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT_SECS
+    while True:
+        async with engine.connect() as conn:
+            found = [await conn.run_sync(locate, job_id, schema="awa") for job_id in job_ids]
+        ended = [where for where in found if where is not None and where.state in ENDS]
+        if len(ended) == len(job_ids):
+            return dict(zip(ORDERS, ended, strict=True))
+        assert loop.time() < deadline, (found, deliveries)
+        await asyncio.sleep(0.05)

@@ -22,7 +22,7 @@ The same attempt settled again, now in a batch: the guard no longer matches, not
     [Stale()]
 """
 
-from awa_sa.enqueue import enqueue, enqueue_many
+from awa_sa.enqueueing import enqueue, enqueue_many
 from awa_sa.errors import (
     AmbiguousAttempt,
     AttemptNotFound,

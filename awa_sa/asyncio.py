@@ -28,6 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from awa_sa import forms
 from awa_sa.calls import AnyCall, prepare, prepare_all, prepare_batch, prepare_result
 from awa_sa.drivers import check_dialect
+from awa_sa.enqueueing_async import enqueue, enqueue_many
 from awa_sa.errors import ValidationError, translated_error
 from awa_sa.internals import run_in_greenlet
 from awa_sa.kinds import Attempt, Ending, Kind, Outcome, Result, Settle, Settlement
@@ -35,6 +36,8 @@ from awa_sa.reschedule import settling, settlings
 from awa_sa.running import RunningAttempt
 
 __all__ = [
+    "enqueue",
+    "enqueue_many",
     "reschedule_canonical_attempt",
     "reschedule_canonical_attempts",
     "settle",

@@ -22,11 +22,13 @@ The same attempt settled again, now in a batch: the guard no longer matches, not
     [Stale()]
 """
 
+from awa_sa.enqueueing import enqueue, enqueue_many
 from awa_sa.errors import (
     AmbiguousAttempt,
     AttemptNotFound,
     AwaSAError,
     DatabaseError,
+    DuplicateJob,
     InvalidSchemaName,
     MaterialisedAttempt,
     NotAnAwaDatabase,
@@ -35,6 +37,7 @@ from awa_sa.errors import (
     UniqueConflict,
     ValidationError,
 )
+from awa_sa.jobs import Duplicate, EnqueuedJob, NewJob
 from awa_sa.kinds import (
     Attempt,
     Cancel,
@@ -66,6 +69,7 @@ from awa_sa.reschedule import (
     settle_canonical_attempts,
 )
 from awa_sa.running import CANONICAL, RunningAttempt, attempt_of, running_attempts
+from awa_sa.unique import Unique
 
 __all__ = [
     "CANONICAL",
@@ -79,13 +83,17 @@ __all__ = [
     "Complete",
     "Completed",
     "DatabaseError",
+    "Duplicate",
+    "DuplicateJob",
     "Ending",
+    "EnqueuedJob",
     "Fail",
     "Failed",
     "InvalidSchemaName",
     "Kind",
     "MaterialisedAttempt",
     "Migrated",
+    "NewJob",
     "NotAnAwaDatabase",
     "Outcome",
     "QueueStorageAttempt",
@@ -99,9 +107,12 @@ __all__ = [
     "Settlement",
     "Snooze",
     "Stale",
+    "Unique",
     "UniqueConflict",
     "ValidationError",
     "attempt_of",
+    "enqueue",
+    "enqueue_many",
     "reschedule_canonical_attempt",
     "reschedule_canonical_attempts",
     "running_attempts",

@@ -30,6 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from awa_sa import forms
 from awa_sa.calls import AnyCall, prepare, prepare_all, prepare_batch, prepare_result
 from awa_sa.drivers import check_dialect
+from awa_sa.enqueueing_async import enqueue, enqueue_many
 from awa_sa.errors import ValidationError, translated_error
 from awa_sa.internals import run_in_greenlet
 from awa_sa.kinds import Attempt, Ending, Kind, Outcome, Result, Settle, Settlement
@@ -42,6 +43,8 @@ _T = TypeVar("_T")
 
 __all__ = [
     "attempt_of",
+    "enqueue",
+    "enqueue_many",
     "reschedule_canonical_attempt",
     "reschedule_canonical_attempts",
     "running_attempts",

@@ -95,6 +95,36 @@ class UniqueConflict(AwaSAError):
         self.constraint = constraint
 
 
+class DuplicateJob(UniqueConflict):
+    """A new job's unique key is held by another job; nothing of it was written.
+
+    Raised by ``awa_sa.enqueue`` (and a batch's ``on_duplicate="raise"``) after the insert's
+    savepoint was rolled back, so the caller's transaction goes on and can still commit its
+    other rows. ``existing_id`` is the job holding the key when it could be read (None when
+    the holder settled in between), ``unique_key`` the 16-byte key, ``index`` the position of
+    the refused job in a batch.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        unique_key: bytes,
+        existing_id: int | None,
+        index: int | None = None,
+        constraint: str | None = None,
+    ) -> None:
+        holder = "another job" if existing_id is None else f"job {existing_id}"
+        at = "" if index is None else f"jobs[{index}]: "
+        super().__init__(
+            constraint,
+            f"{at}a {kind} job with unique key {unique_key.hex()} exists already ({holder})",
+        )
+        self.kind = kind
+        self.unique_key = unique_key
+        self.existing_id = existing_id
+        self.index = index
+
+
 class DatabaseError(AwaSAError):
     """The database refused a statement for a reason other than a unique conflict.
 

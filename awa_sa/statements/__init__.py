@@ -3,7 +3,8 @@
 One module per part of the flow, each statement beside its typed parameters and rows:
 :mod:`~awa_sa.statements.canonical` (the one statement, the routing lock and the move),
 :mod:`~awa_sa.statements.migration` (the queue-storage take, deferred rows and claims) and
-:mod:`~awa_sa.statements.duplicate` (the cancelled duplicate). They share the attempts as rows
+:mod:`~awa_sa.statements.duplicate` (the cancelled duplicate); new jobs go through Awa's own
+producer function (:mod:`~awa_sa.statements.enqueue`). They share the attempts as rows
 (:mod:`~awa_sa.statements.attempts`) and a few SQL pieces (:mod:`~awa_sa.statements.sql`).
 
 Every builder is memoised and registered (:mod:`~awa_sa.statements.registry`), so one
@@ -33,6 +34,7 @@ from awa_sa.statements.duplicate import (
     ring_cursor,
 )
 from awa_sa.statements.endings import end_attempts
+from awa_sa.statements.enqueue import insert_jobs, unique_holder
 from awa_sa.statements.migration import claim_unique_keys, insert_deferred, take_and_allocate
 from awa_sa.statements.receipts import open_claims
 from awa_sa.statements.registry import all_builders
@@ -50,10 +52,12 @@ __all__ = [
     "ensure_lane_sequences",
     "insert_cancelled",
     "insert_deferred",
+    "insert_jobs",
     "lane_lock",
     "move_if_canonical",
     "open_claims",
     "ring_cursor",
     "routing_lock",
     "take_and_allocate",
+    "unique_holder",
 ]

@@ -157,6 +157,8 @@ def test_every_printed_statement_prepares(
     engine = sa.create_engine(url, poolclass=sa.NullPool)
     with engine.connect() as conn:
         for n, (title, sql) in enumerate(printed_blocks(proc.stdout)):
+            if kind == "fixture" and "insert_job_compat" in sql:
+                continue  # Awa's producer function, which the fixture leaves out
             try:
                 conn.exec_driver_sql(as_prepare(sql, f"s{n}"))
             except sa.exc.DBAPIError as exc:

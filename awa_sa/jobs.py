@@ -1,0 +1,254 @@
+"""New jobs as values: what ``awa_sa.enqueue`` takes, checks and answers.
+
+:class:`NewJob` carries the same arguments, with the same defaults, as awa-pg 0.6.9's
+``Client.insert``, so moving a call over is a rename. :func:`prepare` checks every one of them
+against the limits Awa's producer function enforces (and what PostgreSQL cannot store), before
+any statement, and encodes them for :mod:`awa_sa.statements.enqueue`. The kind of a job whose
+``kind`` is not given is derived from its arguments' class name exactly as awa-pg derives it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass
+from datetime import datetime
+from typing import Any
+
+from awa_sa.errors import ValidationError
+from awa_sa.statements.enqueue import InsertedRow, JobValues
+from awa_sa.unique import Unique, states_bits, to_json, unique_key, unique_of
+
+MAX_NAME = 200
+"""``awa.insert_job_compat``'s limit on a kind's and a queue's length, in characters."""
+MAX_TAGS = 20
+PRIORITIES = range(1, 5)
+MAX_ATTEMPTS = range(1, 1001)
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """One job for :func:`awa_sa.enqueue_many`: ``NewJob(args, **awa-pg's insert keywords)``.
+
+    ``args`` is a dataclass, a pydantic model or a dict. ``kind`` defaults to the class name
+    in snake case (a dict's is ``"dict"``, as in awa-pg). ``run_at`` (a timezone-aware datetime
+    or an ISO 8601 text with an offset) makes the job ``scheduled``, even when it is in the
+    past, as awa-pg does. ``unique_opts`` is awa-pg's dict or an :class:`~awa_sa.Unique`.
+    """
+
+    args: Any
+    _: KW_ONLY
+    kind: str | None = None
+    queue: str = "default"
+    priority: int = 2
+    max_attempts: int = 25
+    tags: Sequence[str] | None = None
+    metadata: Mapping[str, Any] | None = None
+    run_at: datetime | str | None = None
+    unique_opts: Mapping[str, Any] | Unique | None = None
+    ordering_key: bytes | str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueuedJob:
+    """The new job's row as Awa's producer function answered it.
+
+    ``state`` is ``available`` or ``scheduled``; ``attempt`` is 0. ``args`` and ``metadata``
+    are read back from the stored JSON; ``unique_key`` is the 16-byte key, or None.
+    """
+
+    id: int
+    kind: str
+    queue: str
+    state: str
+    priority: int
+    attempt: int
+    max_attempts: int
+    run_at: datetime
+    created_at: datetime
+    args: Any
+    metadata: dict[str, Any]
+    tags: list[str]
+    unique_key: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    """A batch position that ``on_duplicate="skip"`` left out: another job holds its key.
+
+    ``existing_id`` is that job's id when it could be read (None if it settled in between).
+    """
+
+    kind: str
+    unique_key: bytes
+    existing_id: int | None
+
+
+def derive_kind(class_name: str) -> str:
+    """awa-pg's kind for a class name: CamelCase to snake_case, acronyms kept whole.
+
+    An upper-case letter starts a word after a lower-case letter or an ASCII digit, or after
+    an upper-case one when a lower-case letter follows (``HTMLToPDF`` is ``html_to_pdf``).
+    """
+    out = []
+    for n, char in enumerate(class_name):
+        if _upper(char):
+            before = class_name[n - 1] if n else ""
+            after = class_name[n + 1] if n + 1 < len(class_name) else ""
+            if n and (
+                _lower(before)
+                or before in "0123456789"
+                or (_upper(before) and after != "" and _lower(after))
+            ):
+                out.append("_")
+            out.append(char.lower()[0])
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def _upper(char: str) -> bool:
+    return char.isupper()
+
+
+def _lower(char: str) -> bool:
+    return char.islower()
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A checked job: its statement values, and its key (None when not unique)."""
+
+    values: JobValues
+    unique_key: bytes | None
+
+
+def prepare(job: object) -> Prepared:
+    """*job* checked and encoded, or a :class:`ValidationError` saying what is wrong."""
+    if not isinstance(job, NewJob):
+        raise ValidationError(f"a job must be an awa_sa.NewJob, got {type(job).__name__}")
+    payload, derived = _args(job.args)
+    kind = derived if job.kind is None else job.kind
+    _name("kind", kind)
+    _name("queue", job.queue)
+    _int_in("priority", job.priority, PRIORITIES)
+    _int_in("max_attempts", job.max_attempts, MAX_ATTEMPTS)
+    tags = _tags(job.tags)
+    metadata = {} if job.metadata is None else job.metadata
+    if not isinstance(metadata, dict):
+        raise ValidationError(f"metadata must be a dict, got {type(metadata).__name__}")
+    args_json = to_json(payload)
+    unique = unique_of(job.unique_opts)
+    key = None if unique is None else unique_key(kind, job.queue, args_json, unique)
+    run_at = _run_at(job.run_at)
+    values = JobValues(
+        kind=kind,
+        queue=job.queue,
+        args=args_json,
+        state="available" if run_at is None else "scheduled",
+        priority=job.priority,
+        max_attempts=job.max_attempts,
+        run_at=run_at,
+        metadata=to_json(metadata, "metadata"),
+        tags=json.dumps(tags, ensure_ascii=False),
+        unique_key=None if key is None else key.hex(),
+        unique_states=None if unique is None else states_bits(unique),
+        ordering_key=_ordering_key(job.ordering_key),
+    )
+    return Prepared(values, key)
+
+
+def _args(args: object) -> tuple[object, str]:
+    """The JSON-able payload of *args* and the kind its class gives, as awa-pg reads them."""
+    kind = derive_kind(type(args).__name__)
+    dump = getattr(args, "model_dump", None)
+    if callable(dump):  # a pydantic model: its JSON mode, as awa-pg asks for
+        return dump(mode="json"), kind
+    if dataclasses.is_dataclass(args) and not isinstance(args, type):
+        return dataclasses.asdict(args), kind
+    if isinstance(args, dict):
+        return args, kind
+    raise ValidationError(
+        f"args must be a dataclass, a pydantic model or a dict, got {type(args).__name__}"
+    )
+
+
+def _text(name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise ValidationError(f"{name} must be a str, got {type(value).__name__}")
+    if "\x00" in value:
+        raise ValidationError(f"{name} must not contain a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValidationError(f"{name}: {value!r} is not valid Unicode") from exc
+    return value
+
+
+def _name(name: str, value: object) -> None:
+    text = _text(name, value)
+    if not 0 < len(text) <= MAX_NAME:
+        raise ValidationError(f"{name} must be 1 to {MAX_NAME} characters, got {len(text)}")
+
+
+def _int_in(name: str, value: object, allowed: range) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value not in allowed:
+        raise ValidationError(
+            f"{name} must be an int from {allowed.start} to {allowed.stop - 1}, got {value!r}"
+        )
+
+
+def _tags(tags: object) -> list[str]:
+    if tags is None:
+        return []
+    if isinstance(tags, str | bytes) or not isinstance(tags, Sequence):
+        raise ValidationError(f"tags must be a list of str, got {type(tags).__name__}")
+    if len(tags) > MAX_TAGS:
+        raise ValidationError(f"at most {MAX_TAGS} tags, got {len(tags)}")
+    return [_text(f"tags[{n}]", tag) for n, tag in enumerate(tags)]
+
+
+def _run_at(run_at: object) -> str | None:
+    if run_at is None:
+        return None
+    if isinstance(run_at, str):
+        try:
+            parsed = datetime.fromisoformat(run_at)
+        except ValueError as exc:
+            raise ValidationError(f"run_at: {run_at!r} is not an ISO 8601 timestamp") from exc
+        run_at = parsed
+    if not isinstance(run_at, datetime):
+        raise ValidationError(f"run_at must be a datetime, got {type(run_at).__name__}")
+    if run_at.tzinfo is None or run_at.utcoffset() is None:
+        raise ValidationError("run_at must be timezone-aware (awa-pg would read it as UTC)")
+    return run_at.isoformat()
+
+
+def _ordering_key(key: object) -> str | None:
+    if key is None:
+        return None
+    if isinstance(key, str):
+        return _text("ordering_key", key).encode().hex()
+    if isinstance(key, bytes | bytearray | memoryview):
+        return bytes(key).hex()
+    raise ValidationError(f"ordering_key must be bytes or str, got {type(key).__name__}")
+
+
+def enqueued(row: InsertedRow) -> EnqueuedJob:
+    """The typed row of a new job, its JSON read back."""
+    return EnqueuedJob(
+        id=row.id,
+        kind=row.kind,
+        queue=row.queue,
+        state=row.state,
+        priority=row.priority,
+        attempt=row.attempt,
+        max_attempts=row.max_attempts,
+        run_at=row.run_at,
+        created_at=row.created_at,
+        args=json.loads(row.args),
+        metadata=json.loads(row.metadata),
+        tags=json.loads(row.tags),
+        unique_key=None if row.unique_key is None else bytes.fromhex(row.unique_key),
+    )

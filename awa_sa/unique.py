@@ -1,0 +1,250 @@
+"""Job arguments as the JSON text awa-pg writes, and the unique key it hashes from them.
+
+awa-pg 0.6.9 turns a job's Python arguments into a ``serde_json::Value`` and hashes its
+serialisation with BLAKE3 (docs/enqueue.md#unique-key). A key is only useful if awa-sa's is
+byte-identical to awa-pg's for the same job, so the text is produced here the way serde_json
+writes it, not the way ``json.dumps`` does: object keys in byte order, no spaces, non-ASCII
+as UTF-8, only ``"``, ``\\`` and control characters escaped, and floats in serde_json's
+shortest form (``1e16``, ``0.00001``, ``1e-7``, where Python writes ``1e+16``, ``1e-05``,
+``1e-07``). The same text is what the job's ``args`` column is built from, so the stored row
+and the key agree as they do for awa-pg.
+
+Python values convert as awa-pg converts them: ``bool``; anything with ``__index__`` as an
+integer, which outside the signed 64-bit range becomes a float (as awa-pg does; the stored
+value is then rounded); anything else with ``__float__`` as a float; ``str``; ``list`` and
+``tuple`` as arrays; ``dict`` with ``str`` keys as objects; ``None``. Where awa-pg would write
+something a reader would not expect back (a NaN or infinity as ``null``), or fail late, awa-sa
+refuses the value before any statement (:class:`~awa_sa.errors.ValidationError`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from blake3 import blake3
+
+from awa_sa.errors import ValidationError
+
+MAX_DEPTH = 64
+"""awa-pg's nesting limit: deeper values are refused ("JSON nesting too deep")."""
+
+_I64 = (-(2**63), 2**63 - 1)
+_ESCAPES = {
+    '"': '\\"',
+    "\\": "\\\\",
+    "\b": "\\b",
+    "\f": "\\f",
+    "\n": "\\n",
+    "\r": "\\r",
+    "\t": "\\t",
+}
+
+STATE_BITS = (
+    "scheduled",
+    "available",
+    "running",
+    "completed",
+    "retryable",
+    "failed",
+    "cancelled",
+    "waiting_external",
+)
+"""The job states in the order of the unique-states bits: bit N of awa-pg's ``states`` mask is
+character N (from the left) of the ``BIT(8)`` text, which ``awa.job_state_in_bitmask`` reads."""
+
+
+def to_json(value: object, where: str = "args") -> str:
+    """*value* as serde_json would write awa-pg's conversion of it, or why it cannot be."""
+    out: list[str] = []
+    _write(value, out, 0, where)
+    return "".join(out)
+
+
+def _write(value: object, out: list[str], depth: int, where: str) -> None:
+    if depth > MAX_DEPTH:
+        raise ValidationError(f"{where}: JSON nesting deeper than {MAX_DEPTH} levels")
+    if value is None:
+        out.append("null")
+    elif value is True or value is False:
+        out.append("true" if value else "false")
+    elif isinstance(value, str):
+        out.append(_string(value, where))
+    elif hasattr(type(value), "__index__"):
+        number = type(value).__index__(value)  # type: ignore[attr-defined]
+        if _I64[0] <= number <= _I64[1]:
+            out.append(str(number))
+        else:
+            out.append(_float(_as_float(number, where), where))
+    elif hasattr(type(value), "__float__"):
+        out.append(_float(_as_float(value, where), where))
+    elif isinstance(value, list | tuple):
+        out.append("[")
+        for n, item in enumerate(value):
+            if n:
+                out.append(",")
+            _write(item, out, depth + 1, f"{where}[{n}]")
+        out.append("]")
+    elif isinstance(value, dict):
+        keys = []
+        for key in value:
+            if not isinstance(key, str):
+                raise ValidationError(f"{where}: object key {key!r} is not a str")
+            keys.append((key.encode("utf-8", "surrogatepass"), key))
+        out.append("{")
+        for n, (_, key) in enumerate(sorted(keys)):
+            if n:
+                out.append(",")
+            out.append(_string(key, where))
+            out.append(":")
+            _write(value[key], out, depth + 1, f"{where}[{key!r}]")
+        out.append("}")
+    else:
+        raise ValidationError(f"{where}: a {type(value).__name__} cannot be written as JSON")
+
+
+def _as_float(value: Any, where: str) -> float:
+    try:
+        number = float(value)
+    except (OverflowError, ValueError, TypeError) as exc:
+        raise ValidationError(f"{where}: {value!r} cannot be written as JSON ({exc})") from exc
+    if not math.isfinite(number):
+        raise ValidationError(f"{where}: {value!r} has no JSON form (awa-pg would write null)")
+    return number
+
+
+def _string(text: str, where: str) -> str:
+    if "\x00" in text:
+        raise ValidationError(f"{where}: a NUL character cannot be stored in a jsonb value")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValidationError(f"{where}: {text!r} is not valid Unicode ({exc.reason})") from exc
+    parts = ['"']
+    for char in text:
+        if char in _ESCAPES:
+            parts.append(_ESCAPES[char])
+        elif char < " ":
+            parts.append(f"\\u{ord(char):04x}")
+        else:
+            parts.append(char)
+    parts.append('"')
+    return "".join(parts)
+
+
+def _float(number: float, where: str) -> str:
+    """*number* as serde_json writes an ``f64``: the shortest digits that read back as it
+    (Python's ``repr`` finds the same ones), laid out by serde_json's rules."""
+    del where
+    sign = "-" if math.copysign(1.0, number) < 0 else ""
+    text = repr(abs(number))
+    mantissa, _, exp = text.partition("e")
+    whole, _, frac = mantissa.partition(".")
+    digits = (whole + frac).lstrip("0")
+    # the value is 0.<digits> * 10**point: the decimal point after `point` digits
+    point = len(whole) + int(exp or 0) - (len(whole + frac) - len(digits))
+    digits = digits.rstrip("0") or "0"
+    if digits == "0":
+        return f"{sign}0.0"
+    length = len(digits)
+    if length <= point <= 16:
+        body = digits + "0" * (point - length) + ".0"
+    elif 0 < point <= 16:
+        body = f"{digits[:point]}.{digits[point:]}"
+    elif -5 < point <= 0:
+        body = "0." + "0" * -point + digits
+    elif length == 1:
+        body = f"{digits}e{_exponent(point - 1)}"
+    else:
+        body = f"{digits[0]}.{digits[1:]}e{_exponent(point - 1)}"
+    return sign + body
+
+
+def _exponent(value: int) -> str:
+    """serde_json 1.0.149's exponent: ``+`` before a positive one (its float writer, zmij,
+    writes ``1e+16`` where the older ryu wrote ``1e16``)."""
+    return f"+{value}" if value > 0 else str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Unique:
+    """When a job is a duplicate: awa-pg's ``unique_opts``, typed.
+
+    ``by_args`` hashes the arguments, ``by_queue`` the queue, ``by_period`` the number given
+    (as awa-pg 0.6.9 does: the number itself, not the current period; see
+    docs/enqueue.md#unique-key). ``states`` are the states in which another job with the same
+    key blocks this one, as names or awa-pg's bit mask.
+    """
+
+    by_args: bool = True
+    by_queue: bool = False
+    by_period: int | None = None
+    states: Collection[str] | int = field(
+        default=("scheduled", "available", "running", "completed", "retryable")
+    )
+
+    def mask(self) -> int:
+        if isinstance(self.states, int):
+            return self.states
+        return sum(1 << STATE_BITS.index(name) for name in self.states)
+
+
+_OPTS = {"by_queue", "by_args", "by_period", "states"}
+
+
+def unique_of(opts: object) -> Unique | None:
+    """``unique_opts`` (awa-pg's dict, or a :class:`Unique`) checked, or why not."""
+    if opts is None:
+        return None
+    if isinstance(opts, Unique):
+        unique = opts
+    elif isinstance(opts, Mapping):
+        unknown = sorted(str(key) for key in opts if key not in _OPTS)
+        if unknown:
+            raise ValidationError(
+                f"unique_opts: unknown keys {unknown} (known: by_args, by_period, by_queue, states)"
+            )
+        unique = Unique(**opts)
+    else:
+        raise ValidationError(
+            f"unique_opts must be a dict or awa_sa.Unique, got {type(opts).__name__}"
+        )
+    for name in ("by_args", "by_queue"):
+        if not isinstance(getattr(unique, name), bool):
+            raise ValidationError(f"unique_opts: {name} must be a bool")
+    period = unique.by_period
+    if period is not None and (
+        isinstance(period, bool) or not isinstance(period, int) or not _I64[0] <= period <= _I64[1]
+    ):
+        raise ValidationError("unique_opts: by_period must be an int in the signed 64-bit range")
+    states = unique.states
+    if isinstance(states, bool) or (isinstance(states, int) and not 0 <= states <= 255):
+        raise ValidationError("unique_opts: states must be a bit mask from 0 to 255")
+    if not isinstance(states, int):
+        if isinstance(states, str) or not isinstance(states, Collection):
+            raise ValidationError("unique_opts: states must be state names or a bit mask")
+        bad = sorted(str(s) for s in states if s not in STATE_BITS)
+        if bad:
+            raise ValidationError(f"unique_opts: unknown states {bad}")
+    return unique
+
+
+def unique_key(kind: str, queue: str, args_json: str, unique: Unique) -> bytes:
+    """awa-pg's key: BLAKE3 of the kind, then NUL and the queue (``by_queue``), NUL and the
+    args' JSON text (``by_args``), NUL and ``by_period`` as 8 little-endian bytes, cut to 16."""
+    hasher = blake3(kind.encode())
+    if unique.by_queue:
+        hasher.update(b"\x00" + queue.encode())
+    if unique.by_args:
+        hasher.update(b"\x00" + args_json.encode())
+    if unique.by_period is not None:
+        hasher.update(b"\x00" + unique.by_period.to_bytes(8, "little", signed=True))
+    return hasher.digest(length=16)
+
+
+def states_bits(unique: Unique) -> str:
+    """The ``BIT(8)`` text of the states mask: bit N of the mask at position N."""
+    mask = unique.mask()
+    return "".join("1" if mask & (1 << n) else "0" for n in range(8))

@@ -1,0 +1,113 @@
+"""Every bind form and every supported driver enqueues the rows psycopg 3's Engine does.
+
+On twin clones in the same phase, psycopg 3's Engine form enqueues on one, the form and driver
+under test on the other; the tables must then hold the same rows, and a duplicate must raise
+``DuplicateJob`` naming the holder and leave a caller's transaction usable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+
+import pytest
+import sqlalchemy as sa
+from enqueuing import JOBS, Twins, snapshot, twins
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
+
+import awa_sa
+import awa_sa.asyncio
+from awa_sa.testing.server import EmbeddedPostgres
+
+NEW_JOBS = [awa_sa.NewJob(args, **options) for args, options in JOBS]
+SYNC = [
+    ("psycopg", "engine"),
+    ("psycopg", "session"),
+    ("psycopg2", "connection"),
+    ("pg8000", "connection"),
+]
+ASYNC = [("asyncpg", "engine"), ("asyncpg", "connection"), ("psycopg", "session")]
+
+
+@pytest.fixture(params=["canonical", "active"])
+def pair(
+    request: pytest.FixtureRequest,
+    pg: EmbeddedPostgres,
+    clone_database: Callable[[str], str],
+    real_template: str,
+) -> Iterator[Twins]:
+    yield from twins(pg, clone_database, real_template, request.param)
+
+
+def _baseline(pair: Twins) -> None:
+    awa_sa.enqueue_many(pair.awa_pg.engine, NEW_JOBS)
+    args, options = JOBS[8]  # a unique job of the batch
+    with pytest.raises(awa_sa.DuplicateJob):
+        awa_sa.enqueue(pair.awa_pg.engine, args, **options)
+
+
+def _url(pair: Twins, driver: str) -> sa.URL:
+    return sa.make_url(pair.awa_sa.url).set(drivername=f"postgresql+{driver}")
+
+
+@pytest.mark.parametrize(("driver", "form"), SYNC)
+def test_sync_forms_and_drivers(pair: Twins, driver: str, form: str) -> None:
+    _baseline(pair)
+    engine = sa.create_engine(_url(pair, driver), poolclass=sa.NullPool)
+    args, options = JOBS[8]
+    try:
+        if form == "engine":
+            rows = awa_sa.enqueue_many(engine, NEW_JOBS)
+            with pytest.raises(awa_sa.DuplicateJob) as raised:
+                awa_sa.enqueue(engine, args, **options)
+        elif form == "session":
+            with Session(engine) as session:
+                rows = awa_sa.enqueue_many(session, NEW_JOBS)
+                with pytest.raises(awa_sa.DuplicateJob) as raised:
+                    awa_sa.enqueue(session, args, **options)
+                session.commit()
+        else:
+            with engine.connect() as conn:
+                rows = awa_sa.enqueue_many(conn, NEW_JOBS)
+                with pytest.raises(awa_sa.DuplicateJob) as raised:
+                    awa_sa.enqueue(conn, args, **options)
+                conn.commit()
+    finally:
+        engine.dispose()
+    assert raised.value.existing_id == rows[8].id
+    assert [r.args for r in rows] == [args for args, _ in JOBS]
+    assert snapshot(pair.awa_sa.engine) == snapshot(pair.awa_pg.engine)
+
+
+@pytest.mark.parametrize(("driver", "form"), ASYNC)
+def test_async_forms_and_drivers(pair: Twins, driver: str, form: str) -> None:
+    _baseline(pair)
+    args, options = JOBS[8]
+
+    async def enqueue() -> tuple[list[awa_sa.EnqueuedJob], awa_sa.DuplicateJob]:
+        engine = create_async_engine(_url(pair, driver), poolclass=sa.NullPool)
+        try:
+            if form == "engine":
+                rows = await awa_sa.asyncio.enqueue_many(engine, NEW_JOBS)
+                with pytest.raises(awa_sa.DuplicateJob) as raised:
+                    await awa_sa.asyncio.enqueue(engine, args, **options)
+            elif form == "session":
+                async with AsyncSession(engine) as session:
+                    rows = await awa_sa.asyncio.enqueue_many(session, NEW_JOBS)
+                    with pytest.raises(awa_sa.DuplicateJob) as raised:
+                        await awa_sa.asyncio.enqueue(session, args, **options)
+                    await session.commit()
+            else:
+                async with engine.connect() as conn:
+                    rows = await awa_sa.asyncio.enqueue_many(conn, NEW_JOBS)
+                    with pytest.raises(awa_sa.DuplicateJob) as raised:
+                        await awa_sa.asyncio.enqueue(conn, args, **options)
+                    await conn.commit()
+            return rows, raised.value
+        finally:
+            await engine.dispose()
+
+    rows, duplicate = asyncio.run(enqueue())
+    assert duplicate.existing_id == rows[8].id
+    assert snapshot(pair.awa_sa.engine) == snapshot(pair.awa_pg.engine)

@@ -1,0 +1,84 @@
+"""awa-sa's enqueue writes the rows and NOTIFYs awa-pg 0.6.9's ``Client.insert`` writes.
+
+Twin clones of the ``awa migrate`` template, in the same storage phase: awa-pg enqueues the
+jobs on one, awa-sa on the other, in the same order, one transaction each as awa-pg's client
+does. Every row of every table of Awa's schemas must then be the same (timestamps masked, the
+given ``run_at`` compared apart), and the listeners must have heard the same notifications.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import Any
+
+import awa
+import pytest
+import sqlalchemy as sa
+from enqueuing import CHANNELS, JOBS, Twins, listening, snapshot, twins
+from runtimes import pg_url
+
+import awa_sa
+from awa_sa.testing.server import EmbeddedPostgres
+
+PHASES = ["canonical", "prepared", "mixed_transition", "active"]
+
+
+@pytest.fixture(params=PHASES)
+def pair(
+    request: pytest.FixtureRequest,
+    pg: EmbeddedPostgres,
+    clone_database: Callable[[str], str],
+    real_template: str,
+) -> Iterator[Twins]:
+    yield from twins(pg, clone_database, real_template, request.param)
+
+
+def _awa_pg_insert(url: str) -> list[tuple[int, str, str]]:
+    client = awa.Client(pg_url(url))
+    try:
+        out = []
+        for args, options in JOBS:
+            job = client.insert(args, **options)
+            out.append((job.id, str(job.state), job.run_at))
+        return out
+    finally:
+        client.close()
+
+
+def _as_utc(stamp: str | datetime) -> datetime:
+    value = datetime.fromisoformat(stamp) if isinstance(stamp, str) else stamp
+    return value
+
+
+def test_rows_and_notifies_are_awa_pgs(pair: Twins) -> None:
+    heard: dict[str, Any] = {}
+    with listening(pair.awa_pg.url, CHANNELS) as theirs:
+        made = _awa_pg_insert(pair.awa_pg.url)
+        heard["awa-pg"] = theirs.drain()
+    with listening(pair.awa_sa.url, CHANNELS) as ours:
+        rows = [awa_sa.enqueue(pair.awa_sa.engine, args, **options) for args, options in JOBS]
+        heard["awa-sa"] = ours.drain()
+
+    assert heard["awa-sa"] == heard["awa-pg"]
+    assert snapshot(pair.awa_sa.engine) == snapshot(pair.awa_pg.engine)
+    assert [r.id for r in rows] == [job_id for job_id, _, _ in made]
+    for row, (_, state, run_at), (args, options) in zip(rows, made, JOBS, strict=True):
+        assert row.state == state.lower()
+        assert row.args == args
+        if "run_at" in options:
+            assert row.run_at == options["run_at"] == _as_utc(run_at)
+
+
+def test_a_batch_writes_what_one_by_one_writes(pair: Twins) -> None:
+    """One statement for the batch, the same rows as single enqueues (and as awa-pg's)."""
+    statements: list[str] = []
+    engine = pair.awa_sa.engine
+    sa.event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    jobs = [awa_sa.NewJob(args, **options) for args, options in JOBS]
+    rows = awa_sa.enqueue_many(engine, jobs)
+    assert len(statements) == 1  # the Engine form: no savepoint, nothing else
+    assert "insert_job_compat" in statements[0]
+    _awa_pg_insert(pair.awa_pg.url)
+    assert snapshot(engine) == snapshot(pair.awa_pg.engine)
+    assert [r.id for r in rows] == sorted(r.id for r in rows)

@@ -7,6 +7,11 @@ worker's claim leaves it. Its ``@client.task`` registration is awa-pg's; here ``
 stand-in that hands the handler back (registering needs a live awa-pg client, and running the
 handler under a real runtime is ``examples/test_invoicer_worker.py``'s part).
 
+The README's producer (a request's row and its unique ``send_invoice`` job, in one transaction)
+runs against a database that the published ``awa migrate`` built, since enqueueing calls Awa's
+own producer function; a second request for the same order commits its row and answers the
+first request's job.
+
 A docs/usage.md example may use ``job_id``/``run_lease`` and ``next_job_id``/``next_run_lease``:
 two running canonical attempts, claimed for it.
 
@@ -36,6 +41,9 @@ README = (ROOT / "README.md").read_text()
 USAGE = (ROOT / "docs" / "usage.md").read_text()
 EXAMPLE_URL = re.compile(r'"postgresql\+(psycopg|asyncpg)://app@db\.internal/awa"')
 RECIPES = re.findall(r"```python\n(.*?)```", README, re.S)
+HANDLERS = RECIPES[:2]
+"""The README's handler recipes, async then sync; the block after them is its producer."""
+PRODUCER = 2
 BLOCKS = re.findall(r"```python\n(.*?)```", USAGE, re.S)
 SHELL = re.findall(r"```sh\n(.*?)```", README, re.S)
 QUICKSTART_TEST = 1
@@ -73,9 +81,10 @@ def test_readme_is_short_and_leads_with_the_handler_recipe() -> None:
         "Testing your service",
         "Where to read more",
     ]
-    assert len(RECIPES) == 2
+    assert len(RECIPES) == 3
     assert "from awa_sa.asyncio import attempt_of, settle" in RECIPES[0]
     assert "from awa_sa import Complete, Stale, attempt_of, settle" in RECIPES[1]
+    assert "from awa_sa.asyncio import enqueue" in RECIPES[PRODUCER]
 
 
 def test_every_local_link_of_the_readme_and_usage_resolves() -> None:
@@ -105,7 +114,7 @@ def seeded(engine: sa.Engine, plane: str) -> RunningAttempt:
 
 def run_recipe(index: int, db_url: str, job: Any) -> None:
     """The README's handler *index*, on the test's database, given *job*."""
-    code = RECIPES[index]
+    code = HANDLERS[index]
     found = EXAMPLE_URL.search(code)
     assert found is not None
     url = sa.make_url(db_url).set(drivername=f"postgresql+{found.group(1)}")
@@ -130,7 +139,7 @@ def run_recipe(index: int, db_url: str, job: Any) -> None:
 
 
 @pytest.mark.parametrize("plane", ["queue storage", "canonical"])
-@pytest.mark.parametrize("index", range(len(RECIPES)))
+@pytest.mark.parametrize("index", range(len(HANDLERS)))
 def test_the_handler_recipe_commits_its_row_with_the_jobs_end(
     engine: sa.Engine, db_url: str, index: int, plane: str
 ) -> None:
@@ -146,7 +155,7 @@ def test_the_handler_recipe_commits_its_row_with_the_jobs_end(
     assert awa_sa.running_attempts(engine) == []
 
 
-@pytest.mark.parametrize("index", range(len(RECIPES)))
+@pytest.mark.parametrize("index", range(len(HANDLERS)))
 def test_the_handler_recipe_writes_nothing_for_an_attempt_settled_elsewhere(
     engine: sa.Engine, db_url: str, index: int
 ) -> None:
@@ -156,6 +165,37 @@ def test_the_handler_recipe_writes_nothing_for_an_attempt_settled_elsewhere(
         run_recipe(index, db_url, job_of(mine))
     with engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT count(*) FROM invoices").scalar() == 0
+
+
+def test_the_producer_recipe_commits_its_row_with_one_job(real_engine: sa.Engine) -> None:
+    with real_engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE invoice_requests (order_id bigint)")
+    code = RECIPES[PRODUCER]
+    found = EXAMPLE_URL.search(code)
+    assert found is not None
+    url = real_engine.url.set(drivername=f"postgresql+{found.group(1)}")
+    namespace: dict[str, Any] = {}
+    runnable = code.replace(found.group(0), repr(url.render_as_string(hide_password=False)))
+    exec(compile(runnable, "README-producer", "exec"), namespace)
+
+    async def twice() -> list[int | None]:
+        try:
+            return [await namespace["request_invoice"](7) for _ in range(2)]
+        finally:
+            await namespace["engine"].dispose()
+
+    first, second = asyncio.run(twice())
+    with real_engine.connect() as conn:
+        requests = conn.exec_driver_sql("SELECT order_id FROM invoice_requests").all()
+        jobs = conn.exec_driver_sql(
+            "SELECT id, kind, queue, args, state::text FROM awa.jobs_hot"
+        ).all()
+    assert first is not None
+    assert second == first  # the duplicate answers the job the first request enqueued
+    assert [tuple(row) for row in requests] == [(7,), (7,)]  # both requests committed
+    assert [tuple(row) for row in jobs] == [
+        (first, "send_invoice", "billing", {"order_id": 7}, "available")
+    ]
 
 
 def test_usage_has_the_forms() -> None:

@@ -9,9 +9,13 @@ attempt still running: Awa retries it as it retries any failed handler, and the 
 the row once. A completion without its invoice, or an invoice of a job that did not end, cannot
 happen.
 
+The producer is the same idea on the other side: ``take_order`` writes the order and enqueues
+its ``send_invoice`` job (``awa_sa.asyncio.enqueue``) in the request's transaction, so an order
+is never saved without its job, nor a job enqueued for an order that was rolled back.
+
 The attempt is on queue storage on a cluster that ``awa migrate`` built and whose worker
 started first (the usual order); ``attempt_of`` finds it on either plane. The worker wiring
-is ``invoicer_worker.py``; ``test_invoicer.py`` tests this handler with the testing kit alone.
+is ``invoicer_worker.py``; ``test_invoicer.py`` tests both sides with the testing kit alone.
 """
 
 from __future__ import annotations
@@ -20,12 +24,24 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from awa_sa import Complete, Completed, Stale
-from awa_sa.asyncio import attempt_of, settle
+from awa_sa.asyncio import attempt_of, enqueue, settle
+
+KIND = "send_invoice"
+QUEUE = "billing"
 
 metadata = sa.MetaData()
+
+orders = sa.Table(
+    "orders",
+    metadata,
+    sa.Column("id", sa.BigInteger, primary_key=True),
+    sa.Column("amount_cents", sa.BigInteger, nullable=False),
+    # The job that invoices this order, enqueued in the transaction that saved it.
+    sa.Column("invoice_job_id", sa.BigInteger, nullable=False),
+)
 
 invoices = sa.Table(
     "invoices",
@@ -49,6 +65,21 @@ class AlreadySettled(Exception):
 async def create_tables(engine: AsyncEngine) -> None:
     async with engine.begin() as conn:
         await conn.run_sync(metadata.create_all)
+
+
+async def take_order(conn: AsyncConnection, order_id: int, amount_cents: int) -> int:
+    """The web request's part, in the request's transaction: the order and its invoice job.
+
+    Nothing is committed here: the caller's ``engine.begin()`` commits both, or neither when
+    the request fails after this call. Returns the job's id.
+    """
+    job = await enqueue(
+        conn, {"order_id": order_id, "amount_cents": amount_cents}, kind=KIND, queue=QUEUE
+    )
+    await conn.execute(
+        orders.insert().values(id=order_id, amount_cents=amount_cents, invoice_job_id=job.id)
+    )
+    return job.id
 
 
 async def send_invoice(engine: AsyncEngine, job: Any, deliver: Deliver) -> Completed:

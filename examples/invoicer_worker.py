@@ -4,7 +4,8 @@ Start the worker before anything is enqueued on a cluster ``awa migrate`` has ju
 its runtime finalizes the cluster to queue storage (schema ``awa``) as it starts, so every
 attempt is a queue-storage receipt: the handler settles it with ``attempt_of`` and ``settle``.
 
-``enqueue_invoice`` is the producer side, one call. Run as a script, the worker serves
+The producer needs no awa-pg: ``invoicer.take_order`` enqueues with awa-sa in the request's
+transaction. Run as a script, the worker serves
 ``$DATABASE_URL`` until interrupted: ``python invoicer_worker.py``.
 """
 
@@ -16,11 +17,8 @@ from typing import Any
 
 import awa
 import sqlalchemy as sa
-from invoicer import Deliver, create_tables, send_invoice
+from invoicer import KIND, QUEUE, Deliver, create_tables, send_invoice
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-
-KIND = "send_invoice"
-QUEUE = "billing"
 
 
 def invoicer(database_url: str, engine: AsyncEngine, deliver: Deliver) -> awa.AsyncClient:
@@ -33,14 +31,6 @@ def invoicer(database_url: str, engine: AsyncEngine, deliver: Deliver) -> awa.As
         await send_invoice(engine, job, deliver)
 
     return client
-
-
-async def enqueue_invoice(client: awa.AsyncClient, order_id: int, amount_cents: int) -> int:
-    """The producer: one ``send_invoice`` job for an order; returns the job's id."""
-    job = await client.insert(
-        {"order_id": order_id, "amount_cents": amount_cents}, kind=KIND, queue=QUEUE
-    )
-    return job.id
 
 
 async def serve(database_url: str, deliver: Deliver) -> None:

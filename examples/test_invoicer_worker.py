@@ -1,9 +1,12 @@
-"""The invoicer end to end on a real awa-pg runtime: migrate, start the worker, enqueue.
+"""The invoicer end to end on a real awa-pg runtime: migrate, start the worker, take orders.
 
 A cluster built by ``awa migrate``, the worker started on it before any job (so its runtime
-finalizes the cluster to queue storage), then the orders. Every job must end with exactly its
-invoice: no completed job without its row, no row without its job's completion, and a handler
-that raised halfway (its row written, its delivery failed) leaves nothing of that attempt.
+finalizes the cluster to queue storage), then the orders, each saved with its job by awa-sa in
+its request's transaction, and one request that fails after both were written. Every order
+must have exactly its job and every job exactly its invoice: no order without its job, no job
+of a request that failed, no completed job without its invoice, no invoice without its job's
+completion, and a handler that raised halfway (its row written, its delivery failed) leaves
+nothing of that attempt.
 
 Skipped where awa-pg or the awa CLI is not installed: a service's tests with the kit alone.
 """
@@ -32,11 +35,13 @@ from awa_sa.testing.databases import Databases
 awa = pytest.importorskip("awa", reason="awa-pg is not installed")
 import invoicer_worker  # noqa: E402 -- imports awa
 
-pytestmark = pytest.mark.slow  # a real runtime, and a retry's backoff of 2 s
+pytestmark = pytest.mark.slow  # awa migrate, a real runtime, and a retry's backoff of 2 s
 
-ORDERS = {order_id: 1000 + order_id for order_id in range(1, 7)}
-FLAKY = 3
+ORDERS = {order_id: 1000 + order_id for order_id in range(1, 4)}
+FLAKY = 2
 """The order whose first delivery fails, after its invoice row was written."""
+DECLINED = 99
+"""The order whose request fails after its order row and job were written."""
 WAIT_SECS = 120.0
 STILL = 3_600_000
 """A ring rotation interval (ms) past the end of the test, so no ring rotates: the runtime's
@@ -96,18 +101,30 @@ async def test_every_job_ends_with_exactly_its_invoice(migrated: str) -> None:
             queue_storage_claim_rotate_interval_ms=STILL,
         )
         assert await phase(engine) == ("active", "awa")  # finalized: queue storage, schema awa
-        jobs = {
-            order_id: await invoicer_worker.enqueue_invoice(client, order_id, amount)
-            for order_id, amount in ORDERS.items()
-        }
+        jobs: dict[int, int] = {}
+        for order_id, amount in ORDERS.items():  # one request each, in its own transaction
+            async with engine.begin() as conn:
+                jobs[order_id] = await invoicer.take_order(conn, order_id, amount)
+        with pytest.raises(PaymentDeclined):
+            async with engine.begin() as conn:
+                declined = await invoicer.take_order(conn, DECLINED, 1)
+                raise PaymentDeclined(DECLINED)
         ended = await until_ended(engine, list(jobs.values()), deliveries)
     finally:
         await client.shutdown()  # the runtime's own completions, after the handlers', flushed
         await client.close()
     async with engine.connect() as conn:
+        orders = (await conn.execute(sa.select(invoicer.orders))).all()
         rows = (await conn.execute(sa.select(invoicer.invoices))).mappings().all()
         still_running = await running_attempts(conn)
+        lost = await conn.run_sync(locate, declined, schema="awa")
     await engine.dispose()
+
+    # Every order was saved with its job; the declined request left neither.
+    assert {tuple(order) for order in orders} == {
+        (order, amount, jobs[order]) for order, amount in ORDERS.items()
+    }
+    assert lost is None
 
     # Every job completed, and every invoice is its job's, written by the attempt that ended it.
     assert {order: where.state for order, where in ended.items()} == dict.fromkeys(
@@ -122,6 +139,10 @@ async def test_every_job_ends_with_exactly_its_invoice(migrated: str) -> None:
     assert ended[FLAKY].attempt == 2
     assert deliveries == Counter({**dict.fromkeys(ORDERS, 1), FLAKY: 2})
     assert still_running == []
+
+
+class PaymentDeclined(Exception):
+    """The request failed after its order and job were written."""
 
 
 async def phase(engine: AsyncEngine) -> tuple[Any, ...]:

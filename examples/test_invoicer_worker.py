@@ -1,26 +1,22 @@
 """The invoicer end to end on a real awa-pg runtime: migrate, start the worker, take orders.
 
-A cluster built by ``awa migrate``, the worker started on it before any job (so its runtime
-finalizes the cluster to queue storage), then the orders, each saved with its job by awa-sa in
-its request's transaction, and one request that fails after both were written. Every order
+A cluster built by awa-pg's migrations (what ``awa migrate`` runs), the worker started on it
+before any job (so its runtime finalizes the cluster to queue storage), then the orders, each
+saved with its job by awa-sa in its request's transaction, and one request that fails after
+both were written. Every order
 must have exactly its job and every job exactly its invoice: no order without its job, no job
 of a request that failed, no completed job without its invoice, no invoice without its job's
 completion, and a handler that raised halfway (its row written, its delivery failed) leaves
 nothing of that attempt.
 
-Skipped where awa-pg or the awa CLI is not installed: a service's tests with the kit alone.
+Skipped where awa-pg is not installed: a service's tests with the kit alone.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-import subprocess
-import sys
 from collections import Counter
-from collections.abc import Iterator, Mapping
-from pathlib import Path
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import invoicer
@@ -35,7 +31,7 @@ from awa_sa.testing.databases import Databases
 awa = pytest.importorskip("awa", reason="awa-pg is not installed")
 import invoicer_worker  # noqa: E402 -- imports awa
 
-pytestmark = pytest.mark.slow  # awa migrate, a real runtime, and a retry's backoff of 2 s
+pytestmark = pytest.mark.slow  # awa-pg's migrations, a real runtime, a retry's backoff
 
 ORDERS = {order_id: 1000 + order_id for order_id in range(1, 4)}
 FLAKY = 2
@@ -50,31 +46,16 @@ the test reads every job's end afterwards."""
 ENDS = ("completed", "failed", "cancelled")
 
 
-def awa_cli() -> str:
-    beside = Path(sys.executable).with_name("awa")
-    found = str(beside) if beside.exists() else shutil.which("awa")
-    if found is None:
-        pytest.skip("the awa CLI (pip install awa-cli) is not installed")
-    return found
-
-
 @pytest.fixture
-def migrated(awa_databases: Databases) -> Iterator[str]:
-    """A database that ``awa migrate`` built and nothing has run on yet: its libpq URL."""
-    cli = awa_cli()
+async def migrated(awa_databases: Databases) -> AsyncIterator[str]:
+    """A database that awa-pg's migrations built and nothing has run on yet: its libpq URL."""
     name = f"{awa_databases.template.removesuffix('_template')}_invoicer"
     with awa_databases.admin.connect() as conn:
         conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
     url = sa.make_url(awa_databases.url(name)).set(drivername="postgresql")
     libpq = url.render_as_string(hide_password=False)
     try:
-        subprocess.run(
-            [cli, "migrate"],
-            env={**os.environ, "DATABASE_URL": libpq, "RUST_LOG": "warn"},
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
+        await awa.migrate(libpq)  # what `awa migrate` runs, in process: the slow part
         yield libpq
     finally:
         awa_databases.drop(name)
@@ -94,7 +75,7 @@ async def test_every_job_ends_with_exactly_its_invoice(migrated: str) -> None:
     try:
         # The usual order: the worker starts on the fresh cluster, then the orders come.
         await client.start(
-            [(invoicer_worker.QUEUE, 4)],
+            [(invoicer.QUEUE, 4)],
             promote_interval_ms=100,
             queue_storage_queue_rotate_interval_ms=STILL,
             queue_storage_lease_rotate_interval_ms=STILL,
@@ -105,10 +86,9 @@ async def test_every_job_ends_with_exactly_its_invoice(migrated: str) -> None:
         for order_id, amount in ORDERS.items():  # one request each, in its own transaction
             async with engine.begin() as conn:
                 jobs[order_id] = await invoicer.take_order(conn, order_id, amount)
+        declined: list[int] = []
         with pytest.raises(PaymentDeclined):
-            async with engine.begin() as conn:
-                declined = await invoicer.take_order(conn, DECLINED, 1)
-                raise PaymentDeclined(DECLINED)
+            await declined_request(engine, declined)
         ended = await until_ended(engine, list(jobs.values()), deliveries)
     finally:
         await client.shutdown()  # the runtime's own completions, after the handlers', flushed
@@ -117,7 +97,7 @@ async def test_every_job_ends_with_exactly_its_invoice(migrated: str) -> None:
         orders = (await conn.execute(sa.select(invoicer.orders))).all()
         rows = (await conn.execute(sa.select(invoicer.invoices))).mappings().all()
         still_running = await running_attempts(conn)
-        lost = await conn.run_sync(locate, declined, schema="awa")
+        lost = await conn.run_sync(locate, declined[0], schema="awa")
     await engine.dispose()
 
     # Every order was saved with its job; the declined request left neither.
@@ -143,6 +123,13 @@ async def test_every_job_ends_with_exactly_its_invoice(migrated: str) -> None:
 
 class PaymentDeclined(Exception):
     """The request failed after its order and job were written."""
+
+
+async def declined_request(engine: AsyncEngine, job_ids: list[int]) -> None:
+    """A request that takes order ``DECLINED``, notes its job's id in *job_ids*, then fails."""
+    async with engine.begin() as conn:
+        job_ids.append(await invoicer.take_order(conn, DECLINED, 1))
+        raise PaymentDeclined(DECLINED)
 
 
 async def phase(engine: AsyncEngine) -> tuple[Any, ...]:

@@ -39,7 +39,7 @@ from typing import Any
 import awa
 import pytest
 import sqlalchemy as sa
-from runtimes import STILL_RINGS, pg_url, rows
+from runtimes import STILL, pg_url, rows
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import awa_sa.asyncio as awa_async
@@ -133,10 +133,8 @@ class Handlers:
                         run.result = "retry"
                     else:
                         run.result = "complete"
-                result: Result = {
-                    "retry": RetryAfter(0.1),
-                    "cancel": Cancel("soak"),
-                }.get(run.result, Complete())
+                results: dict[str, Result] = {"retry": RetryAfter(0.1), "cancel": Cancel("soak")}
+                result = results.get(run.result, Complete())
                 outcome = await awa_async.settle(conn, found, result)
                 run.outcome = outcome
                 if isinstance(outcome, Stale):
@@ -225,7 +223,9 @@ def soak(url: str, engine: sa.Engine) -> Soaked:
                     leader_election_interval_ms=100,
                     deadline_rescue_interval_ms=100,
                     promote_interval_ms=100,
-                    **STILL_RINGS,
+                    queue_storage_queue_rotate_interval_ms=STILL,
+                    queue_storage_lease_rotate_interval_ms=STILL,
+                    queue_storage_claim_rotate_interval_ms=STILL,
                 )
                 started.append(client)
             for start in range(0, JOBS, 1000):

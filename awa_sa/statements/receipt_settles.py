@@ -356,6 +356,8 @@ def _taken(asked: CTE) -> CTE:
             r.created_at,
             r.unique_key,
             r.unique_states,
+            # The lane's own priority: a claim aged the receipt's (``claims.priority``) below it.
+            r.priority.label("lane_priority"),
             payload.label("ready_payload"),
             next_state.label("next_state"),
             (_is(asked, "complete") & bare).label("fast"),
@@ -553,9 +555,11 @@ def _completion_batch(shaped: CTE) -> CTE:
     s = shaped.c
     batches = qs.receipt_completion_batches
     values: dict[str, ColumnElement[Any]] = {
-        name: s[name]
-        for name in ("ready_slot", "ready_generation", "claim_slot", "queue", "priority")
+        name: s[name] for name in ("ready_slot", "ready_generation", "claim_slot", "queue")
     }
+    # The runtime's completions carry the lane's priority (its claim reference's), which
+    # ``terminal_jobs`` joins the ready row by; an aged claim's own priority is lower.
+    values["priority"] = s.lane_priority
     values["enqueue_shard"] = s.enqueue_shard
     values["completed_count"] = _ONE
     for column, name in (
@@ -595,6 +599,9 @@ def _done(shaped: CTE) -> CTE:
         else_=s.payload,
     )
     values: dict[str, ColumnElement[Any]] = {name: s[name] for name in _DONE_CARRIED}
+    # A completion's row carries the lane's priority, as the runtime's does; the other endings
+    # the receipt's, as the runtime's closing of the receipt returns it.
+    values["priority"] = case((_is(shaped, "complete"), s.lane_priority), else_=s.priority)
     values |= {
         "attempted_at": s.ended_attempted_at,
         "state": cast(s.next_state, job_state),

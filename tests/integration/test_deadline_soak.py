@@ -68,7 +68,7 @@ RUNTIMES = 2
 WORKERS = 60
 """Handlers per runtime: sleeping handlers hold a slot each."""
 DEADLINE_MS = 300
-WAIT_SECS = 45.0 + JOBS / 10
+WAIT_SECS = 60.0 + JOBS / 5
 """Upper bound for the whole run to settle: a hang fails instead of stalling the suite."""
 QUEUE = "deadline"
 

@@ -259,6 +259,10 @@ def soak(url: str, engine: sa.Engine) -> Soaked:
             await async_engine.dispose()
 
         def read() -> dict[str, Any]:
+            # Fresh statistics: planned with the empty tables' estimates, one read of
+            # terminal_jobs over thousands of rows takes minutes.
+            with engine.connect() as conn:
+                conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql("ANALYZE")
             [left] = rows(
                 engine,
                 f"SELECT (SELECT count(*) FROM {QS}.deferred_jobs) AS deferred,"

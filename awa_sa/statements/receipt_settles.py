@@ -599,9 +599,9 @@ def _done(shaped: CTE) -> CTE:
         else_=s.payload,
     )
     values: dict[str, ColumnElement[Any]] = {name: s[name] for name in _DONE_CARRIED}
-    # A completion's row carries the lane's priority, as the runtime's does; the other endings
-    # the receipt's, as the runtime's closing of the receipt returns it.
-    values["priority"] = case((_is(shaped, "complete"), s.lane_priority), else_=s.priority)
+    # Keyed by its ready row's lane position, whose priority is the lane's: an aged claim's
+    # lower one would join no ready row and could take another lane's key.
+    values["priority"] = s.lane_priority
     values |= {
         "attempted_at": s.ended_attempted_at,
         "state": cast(s.next_state, job_state),

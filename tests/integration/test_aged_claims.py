@@ -6,9 +6,10 @@ effective priority, while the ready row stays in its lane. The runtime's complet
 lane's priority (its claim reference's), and ``terminal_jobs`` joins a completion back to its
 ready row by it: a compact completion under the receipt's priority would be counted by the
 queue's terminal count and missing from ``terminal_jobs``. On a real cluster, for both receipt
-shapes and both completion paths: the completed job is in ``terminal_jobs`` once, and the
-queue's count equals its rows; a cancel keeps the receipt's priority, as the runtime's closing
-of the receipt returns it.
+shapes and both completion paths, and a cancel: each job is in ``terminal_jobs`` once, under
+its lane's priority, and the queue's count equals its rows. A ready-backed ``done_entries`` row
+sits at its ready row's lane position: under the aged priority it would join no ready row, and
+could take the key of another lane's row at the same position (seen in the deadline soak).
 """
 
 from __future__ import annotations
@@ -92,6 +93,6 @@ def test_a_completion_of_an_aged_claim_is_in_terminal_jobs(
     assert found == [
         {"job_id": bare.job_id, "state": "completed", "priority": 2},
         {"job_id": tagged.job_id, "state": "completed", "priority": 2},
-        {"job_id": cancelled.job_id, "state": "cancelled", "priority": 1},
+        {"job_id": cancelled.job_id, "state": "cancelled", "priority": 2},
     ]
     assert rows(engine, COUNTED, queue="aged") == [{"counted": 3, "rows": 3}]

@@ -200,6 +200,24 @@ class MaterialisedAttempt(ValidationError):
         self.schema = schema
 
 
+class QueueStorageJobs(ValidationError):
+    """Routing points at queue storage: awa-sa administers canonical jobs only, and wrote
+    nothing (docs/administer.md).
+
+    On queue storage a job's cancel or retry is several of the runtime's own statements
+    (tombstones, receipt closes, ``done_entries``, lane sequences), some of which awa-pg sends
+    only after its own commit; use awa-pg's ``Client`` there.
+    """
+
+    def __init__(self, verb: str, schema: str) -> None:
+        super().__init__(
+            f"{verb}: routing points at queue storage (schema {schema!r}); awa-sa administers "
+            f"canonical jobs only (nothing was written): use awa-pg's Client there"
+        )
+        self.verb = verb
+        self.schema = schema
+
+
 def translate_db_error(exc: sqlalchemy.exc.DBAPIError) -> AwaSAError:
     """The awa-sa error for a driver error; the caller raises it ``from exc``.
 

@@ -16,6 +16,12 @@ Bind names carry a prefix (``guard_``, ``b_``) because SQLAlchemy reserves a col
 its VALUES/SET parameter in ``insert()``/``update()``.
 """
 
+from awa_sa.statements.admin_canonical import (
+    cancel_job_canonical,
+    discard_failed_canonical,
+    retry_failed_canonical,
+    retry_job_canonical,
+)
 from awa_sa.statements.canonical import (
     ROUTING_BODY_MD5,
     canonical_move,
@@ -41,9 +47,11 @@ __all__ = [
     "LIFECYCLE_DUPLICATE",
     "ROUTING_BODY_MD5",
     "all_builders",
+    "cancel_job_canonical",
     "canonical_move",
     "claim_unique_keys",
     "clock",
+    "discard_failed_canonical",
     "end_attempts",
     "ensure_lane_head",
     "ensure_lane_row",
@@ -53,6 +61,8 @@ __all__ = [
     "lane_lock",
     "move_if_canonical",
     "open_claims",
+    "retry_failed_canonical",
+    "retry_job_canonical",
     "ring_cursor",
     "routing_lock",
     "take_and_allocate",

@@ -22,6 +22,7 @@ The same attempt settled again, now in a batch: the guard no longer matches, not
     [Stale()]
 """
 
+from awa_sa.administer import RetriedFailed, cancel_job, discard_failed, retry_failed, retry_job
 from awa_sa.errors import (
     AmbiguousAttempt,
     AttemptNotFound,
@@ -31,6 +32,7 @@ from awa_sa.errors import (
     MaterialisedAttempt,
     NotAnAwaDatabase,
     QueueStorageAttempt,
+    QueueStorageJobs,
     ReadOnlyTransaction,
     UniqueConflict,
     ValidationError,
@@ -66,6 +68,7 @@ from awa_sa.reschedule import (
     settle_canonical_attempts,
 )
 from awa_sa.running import CANONICAL, RunningAttempt, attempt_of, running_attempts
+from awa_sa.statements.admin_canonical import JobRow
 
 __all__ = [
     "CANONICAL",
@@ -83,15 +86,18 @@ __all__ = [
     "Fail",
     "Failed",
     "InvalidSchemaName",
+    "JobRow",
     "Kind",
     "MaterialisedAttempt",
     "Migrated",
     "NotAnAwaDatabase",
     "Outcome",
     "QueueStorageAttempt",
+    "QueueStorageJobs",
     "ReadOnlyTransaction",
     "Rescheduled",
     "Result",
+    "RetriedFailed",
     "RetryAfter",
     "RetryBackoff",
     "RunningAttempt",
@@ -102,8 +108,12 @@ __all__ = [
     "UniqueConflict",
     "ValidationError",
     "attempt_of",
+    "cancel_job",
+    "discard_failed",
     "reschedule_canonical_attempt",
     "reschedule_canonical_attempts",
+    "retry_failed",
+    "retry_job",
     "running_attempts",
     "settle",
     "settle_attempts",

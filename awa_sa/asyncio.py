@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterable, Sequence
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 try:  # SQLAlchemy's own message would name its extra, not ours
     importlib.import_module("greenlet")
@@ -25,7 +25,7 @@ except ImportError as exc:
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
-from awa_sa import forms
+from awa_sa import administer, forms
 from awa_sa.calls import AnyCall, prepare, prepare_all, prepare_batch, prepare_result
 from awa_sa.drivers import check_dialect
 from awa_sa.errors import ValidationError, translated_error
@@ -33,10 +33,17 @@ from awa_sa.internals import run_in_greenlet
 from awa_sa.kinds import Attempt, Ending, Kind, Outcome, Result, Settle, Settlement
 from awa_sa.reschedule import settling, settlings
 from awa_sa.running import RunningAttempt
+from awa_sa.statements.admin_canonical import JobRow
+
+_T = TypeVar("_T")
 
 __all__ = [
+    "cancel_job",
+    "discard_failed",
     "reschedule_canonical_attempt",
     "reschedule_canonical_attempts",
+    "retry_failed",
+    "retry_job",
     "settle",
     "settle_attempts",
     "settle_canonical_attempt",
@@ -136,6 +143,52 @@ async def settle_attempts(
     _check_bind(bind)
     calls = settlings(settlements)
     return await _within(bind, calls) if calls else []
+
+
+async def cancel_job(
+    bind: AsyncEngine | AsyncConnection | AsyncSession, job_id: int
+) -> JobRow | None:
+    """Async :func:`awa_sa.cancel_job`; same arguments, result and errors."""
+    _check_bind(bind)
+    return await _administered(bind, administer.cancel_job_step(job_id))
+
+
+async def retry_job(
+    bind: AsyncEngine | AsyncConnection | AsyncSession, job_id: int
+) -> JobRow | None:
+    """Async :func:`awa_sa.retry_job`; same arguments, result and errors."""
+    _check_bind(bind)
+    return await _administered(bind, administer.retry_job_step(job_id))
+
+
+async def retry_failed(
+    bind: AsyncEngine | AsyncConnection | AsyncSession,
+    *,
+    kind: str | None = None,
+    queue: str | None = None,
+) -> administer.RetriedFailed:
+    """Async :func:`awa_sa.retry_failed`; same arguments, result and errors."""
+    _check_bind(bind)
+    return await _administered(bind, administer.retry_failed_step(kind, queue))
+
+
+async def discard_failed(bind: AsyncEngine | AsyncConnection | AsyncSession, kind: str) -> int:
+    """Async :func:`awa_sa.discard_failed`; same arguments, result and errors."""
+    _check_bind(bind)
+    return await _administered(bind, administer.discard_failed_step(kind))
+
+
+async def _administered(
+    bind: AsyncEngine | AsyncConnection | AsyncSession, step: administer.Step[_T]
+) -> _T:
+    if isinstance(bind, AsyncEngine):
+        return await run_in_greenlet(forms.administered, bind.sync_engine, step)
+    try:  # as _within
+        if isinstance(bind, AsyncSession):
+            bind = await bind.connection()
+        return await bind.run_sync(forms.administer_in, step)
+    except Exception as exc:
+        raise translated_error(exc)  # noqa: B904 -- translated() chained it already
 
 
 def _check_bind(bind: object) -> None:

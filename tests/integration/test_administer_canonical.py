@@ -43,7 +43,28 @@ IDLE = "idle_q"
 WORK = "work_q"
 OTHER = "other_q"
 TABLES = ("jobs_hot", "scheduled_jobs")
-MARKS = (("admin_dirty_queue_marks", "queue"), ("admin_dirty_kind_marks", "kind"))
+MARKS = (
+    ("admin_dirty_queue_marks", "admin_dirty_queues", "queue"),
+    ("admin_dirty_kind_marks", "admin_dirty_kinds", "kind"),
+)
+"""Appended marks (awa-cli 0.6.8+), or keyed ones (0.6.6, 0.6.7): the trigger names which."""
+
+
+def mark_tables(conn: sa.Connection) -> list[tuple[str, str]]:
+    body = conn.execute(
+        sa.text("SELECT prosrc FROM pg_proc WHERE proname = 'mark_dirty_keys_update'")
+    ).scalar_one()
+    return [(appended if appended in body else keyed, c) for appended, keyed, c in MARKS]
+
+
+def clear_marks(engine: sa.Engine) -> None:
+    """Each step starts with no marks, so what is there after is the step's (keyed marks add
+    nothing for a key already marked)."""
+    with engine.begin() as conn:
+        for table, _ in mark_tables(conn):
+            conn.execute(sa.text(f"DELETE FROM awa.{table}"))
+
+
 MARKER = "awa_sa_test_step"
 
 
@@ -174,7 +195,7 @@ def snapshot(engine: sa.Engine) -> dict[str, Any]:
                 jobs[row["id"]] = {"table": table, **row}
         claims = set(conn.execute(sa.text("SELECT * FROM awa.job_unique_claims")).all())
         marks: list[tuple[str, str, dt.datetime]] = []
-        for table, column in MARKS:
+        for table, column in mark_tables(conn):
             marks += conn.execute(
                 sa.text(f"SELECT '{table}', {column}, touched_at FROM awa.{table}")
             )
@@ -314,6 +335,8 @@ def twin_step(
     one statement writes two per queue and kind (docs/administer.md).
     """
     pg_side, sa_side = sides
+    for side in sides:
+        clear_marks(side.engine)
     before = snapshot(pg_side.engine), snapshot(sa_side.engine)
     paid = business(sa_side.engine)
     got_pg = pg_call(pg_side.url, on_pg)
@@ -347,6 +370,7 @@ def live(sides: tuple[Side, Side]) -> dict[str, Any]:
             await _start(side)
             assert side.worker is not None
             side.notices()
+            await asyncio.to_thread(clear_marks, side.engine)
             before = await asyncio.to_thread(snapshot, side.engine)
             found[f"{side is sa_side}:job"] = await cancel()
             await asyncio.wait_for(side.worker.told.wait(), 30)

@@ -21,6 +21,7 @@ import pytest
 import sqlalchemy as sa
 from conftest import Cluster, _janitor, database_url
 from jobs import insert_job, snapshot
+from racing import held, in_thread, wait_until_blocked
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
@@ -227,5 +228,82 @@ def test_autocommit_and_bad_input_are_refused_before_any_write(url: str) -> None
                 call()
         with engine.connect() as conn:
             assert snapshot(conn) == before
+    finally:
+        engine.dispose()
+
+
+COMPLETE = (
+    "UPDATE awa.jobs_hot SET state = 'completed', finalized_at = now(), progress = NULL "
+    "WHERE id = :id AND state = 'running' AND run_lease = :lease"
+)
+"""The completion an awa-pg 0.6.9 worker sends when its handler returns."""
+
+
+def _state(engine: sa.Engine, job_id: int) -> str:
+    with engine.connect() as conn:
+        found = conn.execute(
+            sa.text("SELECT state::text FROM awa.jobs_hot WHERE id = :id"), {"id": job_id}
+        )
+        return str(found.scalar_one())
+
+
+def test_a_completion_that_locked_first_wins_and_the_cancel_finds_nothing(url: str) -> None:
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            job_id = insert_job(conn, kind="race_a")
+        with held(engine) as worker:
+            assert worker.execute(COMPLETE, {"id": job_id, "lease": 1}).rowcount == 1
+            cancel = in_thread(lambda: awa_sa.cancel_job(engine, job_id))
+            (waiter,) = wait_until_blocked(engine, worker.pid, pending=[cancel])
+            assert waiter.row_of == "awa.jobs_hot"  # the job's row, not routing
+            worker.commit()
+        assert cancel.result(timeout=20) is None
+        assert _state(engine, job_id) == "completed"
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("ending", ["commit", "rollback"])
+def test_a_cancel_that_locked_first_leaves_the_later_completion_nothing(
+    url: str, ending: str
+) -> None:
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            job_id = insert_job(conn, kind=f"race_b_{ending}")
+        with held(engine) as admin:
+            assert awa_sa.cancel_job(admin.conn, job_id) is not None
+            completion = in_thread(lambda: _complete(engine, job_id))
+            wait_until_blocked(engine, admin.pid, pending=[completion])
+            if ending == "commit":
+                admin.commit()
+            else:
+                admin.rollback()
+        # Committed, the cancel's new row is not the row the completion waited for: it
+        # updates nothing. Rolled back, the running row is back and the completion ends it.
+        assert completion.result(timeout=20) == (0 if ending == "commit" else 1)
+        assert _state(engine, job_id) == ("cancelled" if ending == "commit" else "completed")
+    finally:
+        engine.dispose()
+
+
+def _complete(engine: sa.Engine, job_id: int) -> int:
+    with engine.begin() as conn:
+        return conn.execute(sa.text(COMPLETE), {"id": job_id, "lease": 1}).rowcount
+
+
+def test_two_retries_of_one_job_retry_it_once(url: str) -> None:
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            job_id = insert_job(conn, state="failed", kind="race_c")
+        with held(engine) as first:
+            assert awa_sa.retry_job(first.conn, job_id) is not None
+            second = in_thread(lambda: awa_sa.retry_job(engine, job_id))
+            wait_until_blocked(engine, first.pid, pending=[second])
+            first.commit()
+        assert second.result(timeout=20) is None
+        assert _state(engine, job_id) == "available"
     finally:
         engine.dispose()

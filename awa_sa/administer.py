@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sqlalchemy import Connection, Engine, Select
 
 from awa_sa.compiled import run
-from awa_sa.errors import QueueStorageJobs, ValidationError
+from awa_sa.errors import DatabaseError, QueueStorageJobs, ValidationError
 from awa_sa.forms import administered, check_bind
+from awa_sa.queue_storage import translate_map
 from awa_sa.running import CANONICAL
 from awa_sa.statements.admin_canonical import (
     By,
@@ -33,7 +34,22 @@ from awa_sa.statements.admin_canonical import (
     retry_failed_canonical,
     retry_job_canonical,
 )
+from awa_sa.statements.admin_queue_storage import (
+    cancel_deferred,
+    claims_cancelled_only,
+    deferred_lane,
+    done_job_fields,
+)
 from awa_sa.statements.canonical import ROUTING_LOCK
+from awa_sa.statements.duplicate import (
+    ENSURE_CLAIM_HEAD,
+    ENSURE_ENQUEUE_HEAD,
+    ENSURE_LANE_ROW,
+    ENSURE_LANE_SEQUENCES,
+    LANE_LOCK,
+    RING_CURSOR,
+    Lane,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -76,17 +92,23 @@ def _text(name: str, value: object) -> str:
 
 
 def _canonical(
-    verb: str, build: Callable[[bool], Select[Any]], binds: Mapping[str, Any]
+    verb: str,
+    build: Callable[[bool], Select[Any]],
+    binds: Mapping[str, Any],
+    elsewhere: Callable[[Connection, str], list[Any]] | None = None,
 ) -> Step[list[Any]]:
-    """The step: the routing lock, then the statement; refused once routing is queue storage."""
+    """The step: the routing lock, then the statement. Once routing is queue storage the
+    statement wrote nothing: *elsewhere* goes on in that schema, or the call is refused."""
 
     def step(conn: Connection) -> list[Any]:
         routed = run(conn, ROUTING_LOCK, None)
         rows = list(conn.execute(build(routed), binds).all())
         schema = rows[0].routing_schema
-        if schema is not None:
-            raise QueueStorageJobs(verb, schema)
-        return rows
+        if schema is None:
+            return rows
+        if elsewhere is None:
+            raise QueueStorageJobs(verb, schema, "awa-sa administers canonical jobs only")
+        return elsewhere(conn, schema)
 
     return step
 
@@ -94,8 +116,38 @@ def _canonical(
 def cancel_job_step(job_id: object) -> Step[JobRow | None]:
     """The validated step of :func:`cancel_job`, for either face."""
     binds = {"b_job_id": _job_id(job_id)}
-    rows = _canonical("cancel_job", lambda routed: cancel_job_canonical(routed=routed), binds)
+    rows = _canonical(
+        "cancel_job",
+        lambda routed: cancel_job_canonical(routed=routed),
+        binds,
+        lambda conn, schema: _cancel_deferred(conn, schema, binds["b_job_id"]),
+    )
     return lambda conn: _one(rows(conn))
+
+
+def _cancel_deferred(conn: Connection, schema: str, job_id: int) -> list[Any]:
+    """Cancel a scheduled or retryable job of *schema* as awa-pg does (docs/administer.md);
+    anything else there is refused."""
+    options = {"schema_translate_map": translate_map(schema)}
+    binds = {"b_job_id": job_id}
+    found = conn.execute(claims_cancelled_only(), binds, execution_options=options).first()
+    if found is None:
+        why = f"job {job_id} is none of its scheduled or retryable jobs (all awa-sa cancels there)"
+        raise QueueStorageJobs("cancel_job", schema, why)
+    if found.refused:
+        why = f"job {job_id}'s unique mask claims cancelled but not its state"
+        raise QueueStorageJobs("cancel_job", schema, why)
+    lane_row = conn.execute(deferred_lane(), binds, execution_options=options).one()
+    ring = run(conn, RING_CURSOR, None, schema)
+    if ring is None:
+        raise DatabaseError(f"{schema}.queue_ring_state has no singleton row")
+    lane = Lane(schema, lane_row.queue, lane_row.priority)
+    run(conn, LANE_LOCK, lane)
+    for ensure in (ENSURE_LANE_ROW, ENSURE_ENQUEUE_HEAD, ENSURE_CLAIM_HEAD, ENSURE_LANE_SEQUENCES):
+        run(conn, ensure, lane, schema)
+    at_ring = {**binds, "b_ready_slot": ring.current_slot, "b_ready_generation": ring.generation}
+    rows = conn.execute(cancel_deferred(), at_ring, execution_options=options).all()
+    return [_JobFields(done_job_fields(row), schema) for row in rows]
 
 
 def retry_job_step(job_id: object) -> Step[JobRow | None]:
@@ -131,7 +183,17 @@ def discard_failed_step(kind: object) -> Step[int]:
     return lambda conn: int(rows(conn)[0].discarded)
 
 
+@dataclass(frozen=True, slots=True)
+class _JobFields:
+    """A queue-storage job's fields, already read, for :func:`_one`."""
+
+    fields: dict[str, Any]
+    storage: str
+
+
 def _one(rows: list[Any]) -> JobRow | None:
+    if rows and isinstance(rows[0], _JobFields):
+        return JobRow(**rows[0].fields, storage=rows[0].storage)
     jobs = job_rows(rows, CANONICAL)
     return jobs[0] if jobs else None
 

@@ -201,18 +201,18 @@ class MaterialisedAttempt(ValidationError):
 
 
 class QueueStorageJobs(ValidationError):
-    """Routing points at queue storage: awa-sa administers canonical jobs only, and wrote
-    nothing (docs/administer.md).
+    """Routing points at queue storage and awa-sa cannot do this there; nothing was written
+    (docs/administer.md).
 
-    On queue storage a job's cancel or retry is several of the runtime's own statements
-    (tombstones, receipt closes, ``done_entries``, lane sequences), some of which awa-pg sends
-    only after its own commit; use awa-pg's ``Client`` there.
+    On queue storage awa-sa cancels scheduled and retryable jobs only. The rest is several of
+    the runtime's own statements (tombstones, receipt closes, lane sequences), some of which
+    awa-pg sends only after its own commit; use awa-pg's ``Client`` there.
     """
 
-    def __init__(self, verb: str, schema: str) -> None:
+    def __init__(self, verb: str, schema: str, why: str) -> None:
         super().__init__(
-            f"{verb}: routing points at queue storage (schema {schema!r}); awa-sa administers "
-            f"canonical jobs only (nothing was written): use awa-pg's Client there"
+            f"{verb}: routing points at queue storage (schema {schema!r}) and {why} "
+            f"(nothing was written): use awa-pg's Client there"
         )
         self.verb = verb
         self.schema = schema

@@ -22,6 +22,11 @@ from awa_sa.statements.admin_canonical import (
     retry_failed_canonical,
     retry_job_canonical,
 )
+from awa_sa.statements.admin_queue_storage import (
+    cancel_deferred,
+    claims_cancelled_only,
+    deferred_lane,
+)
 from awa_sa.statements.canonical import (
     ROUTING_BODY_MD5,
     canonical_move,
@@ -47,10 +52,13 @@ __all__ = [
     "LIFECYCLE_DUPLICATE",
     "ROUTING_BODY_MD5",
     "all_builders",
+    "cancel_deferred",
     "cancel_job_canonical",
     "canonical_move",
     "claim_unique_keys",
+    "claims_cancelled_only",
     "clock",
+    "deferred_lane",
     "discard_failed_canonical",
     "end_attempts",
     "ensure_lane_head",

@@ -31,11 +31,12 @@ WRITTEN = [
     ("UPDATE", f"{QS}.lease_claims"),
     ("DELETE", "awa.scheduled_jobs"),
     ("INSERT", "awa.jobs_hot"),
+    ("DELETE", f"{QS}.deferred_jobs"),
 ]
 """Each verb and relation the statements write: the canonical move and its claims, the
 endings in place, the queue-storage rows of a migrated or cancelled attempt, and the settle of
 a queue-storage attempt (its closure, its next row, its claim), and the administering of
-canonical jobs (the view's DELETE and INSERT)."""
+canonical jobs (the view's DELETE and INSERT) and the cancel of a deferred queue-storage job."""
 
 
 def _writes() -> list[tuple[str, TableClause]]:

@@ -1,0 +1,235 @@
+"""Cancelling a queue-storage job: awa-sa writes what awa-pg 0.6.9's own Client writes (issue 37).
+
+Twin clusters built by ``awa migrate``, each auto-finalized to queue storage in schema ``awa``
+by its first real awa-pg runtime (the quick-start order: the worker starts before any job).
+On each, the same jobs in the same order: two scheduled ones (one with a unique key, one with
+tags and metadata on a queue and priority no job used before, so its lane is created by the
+cancel), and a retryable one, left so by the real worker (its handler raises with attempts
+left). A side session holds the maintenance-leader lock, so nothing promotes them.
+
+Each is then cancelled, by awa-pg's ``AsyncClient.cancel`` on one cluster, by awa-sa in a
+caller's transaction that also commits a business row on the other. Compared: every row of
+every table of schema ``awa`` (partitions through their parents; the runtimes' own liveness
+rows left out) and every sequence, before and after, with only the clocks masked. What awa-sa
+does not do on queue storage is refused, and writes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import re
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import awa
+import pytest
+import sqlalchemy as sa
+from conftest import _janitor, database_url
+from runtimes import hold_leadership, pg_url
+
+import awa_sa
+from awa_sa import QueueStorageJobs
+from awa_sa.testing.server import EmbeddedPostgres
+
+pytestmark = pytest.mark.slow  # real awa-pg runtimes
+
+SCHEDULED, SCHEDULED_NEW_LANE, RETRYABLE, AVAILABLE = 1, 2, 3, 4
+_CLOCK = re.compile(
+    r'"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)?\+00"'  # a timestamptz column
+    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?\+00:00"  # an error entry's worker clock
+)
+
+
+@dataclass
+class Side:
+    url: str
+    engine: sa.Engine
+
+
+def _tables(conn: sa.Connection) -> list[str]:
+    return list(
+        conn.execute(
+            sa.text(
+                "SELECT 'awa.' || c.relname FROM pg_class c JOIN pg_namespace n"
+                " ON n.oid = c.relnamespace WHERE n.nspname = 'awa' AND c.relkind IN ('r', 'p')"
+                " AND NOT c.relispartition AND c.relname NOT LIKE 'runtime_%'"
+                " AND c.relname NOT IN ('queue_descriptors', 'job_kind_descriptors')"
+                " ORDER BY 1"
+            )
+        ).scalars()
+    )
+
+
+def snapshot(engine: sa.Engine) -> dict[str, list[str]]:
+    """Every row of every table and every sequence, as text with the clocks masked."""
+    with engine.connect() as conn:
+        out = {
+            table: sorted(
+                _CLOCK.sub("CLOCK", text)
+                for text in conn.execute(sa.text(f"SELECT t::text FROM {table} t")).scalars()
+            )
+            for table in _tables(conn)
+        }
+        out["sequences"] = [
+            str(tuple(row))
+            for row in conn.execute(
+                sa.text(
+                    "SELECT sequencename, last_value FROM pg_sequences"
+                    " WHERE schemaname = 'awa' ORDER BY 1"
+                )
+            )
+        ]
+    return out
+
+
+def change(before: dict[str, list[str]], after: dict[str, list[str]]) -> dict[str, Any]:
+    return {
+        table: (sorted(set(before[table]) - set(rows)), sorted(set(rows) - set(before[table])))
+        for table, rows in after.items()
+        if rows != before.get(table)
+    }
+
+
+async def _start(side: Side) -> None:
+    """The quick-start order: a runtime first (auto-finalizing), then the jobs."""
+    client = awa.AsyncClient(pg_url(side.url))
+
+    async def retries(job: Any) -> Any:
+        raise RuntimeError("try again")
+
+    client.task(dict, kind="retries", queue="work_q")(retries)
+    await client.start([("work_q", 2)], promote_interval_ms=600_000, heartbeat_interval_ms=600_000)
+    try:
+        later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+        await client.insert(
+            {"n": 1}, kind="idle", queue="idle_q", run_at=later, unique_opts={"by_args": True}
+        )
+        await client.insert(
+            {"n": 2},
+            kind="idle",
+            queue="new_q",
+            priority=3,
+            run_at=later,
+            tags=["t"],
+            metadata={"m": 1},
+        )
+        await client.insert({"n": 3}, kind="retries", queue="work_q", max_attempts=5)
+        await client.insert({"n": 4}, kind="idle", queue="idle_q")
+        for _ in range(1200):
+            with side.engine.connect() as conn:
+                found = conn.execute(
+                    sa.text("SELECT state::text FROM awa.deferred_jobs WHERE job_id = :i"),
+                    {"i": RETRYABLE},
+                ).scalar()
+            if found == "retryable":
+                return
+            await asyncio.sleep(0.05)  # the worker's own pace: no lock to watch here
+        raise AssertionError("the worker did not leave job 3 retryable within 60 s")
+    finally:
+        await client.shutdown()
+        await client.close()
+
+
+@pytest.fixture(scope="module")
+def sides(pg: EmbeddedPostgres, real_template: str) -> Iterator[tuple[Side, Side]]:
+    made = []
+    for _ in range(2):
+        name = f"t_{uuid.uuid4().hex[:16]}"
+        janitor = _janitor(pg, name, template=real_template)
+        janitor.init()
+        url = database_url(pg, name)
+        side = Side(url, sa.create_engine(url))
+        leader = hold_leadership(side.engine)
+        with side.engine.begin() as conn:
+            conn.execute(sa.text("CREATE TABLE public.business (note text)"))
+        asyncio.run(_start(side))
+        with side.engine.connect() as conn:
+            assert (
+                conn.execute(sa.text("SELECT awa.active_queue_storage_schema()")).scalar() == "awa"
+            )
+        made.append((side, janitor, leader))
+    yield made[0][0], made[1][0]
+    for side, janitor, leader in made:
+        leader.close()
+        side.engine.dispose()
+        janitor.drop()
+
+
+def _pg_cancel(url: str, job_id: int) -> Any:
+    async def run() -> Any:
+        client = awa.AsyncClient(pg_url(url))
+        try:
+            return await client.cancel(job_id)
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    "job_id",
+    [SCHEDULED, SCHEDULED_NEW_LANE, RETRYABLE],
+    ids=["scheduled", "scheduled_new_lane", "retryable"],
+)
+def test_cancel_of_a_deferred_job_writes_what_awa_pg_writes(
+    sides: tuple[Side, Side], job_id: int
+) -> None:
+    pg_side, sa_side = sides
+    before = snapshot(pg_side.engine), snapshot(sa_side.engine)
+    got_pg = _pg_cancel(pg_side.url, job_id)
+    with sa_side.engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO public.business VALUES ('paid')"))
+        got_sa = awa_sa.cancel_job(conn, job_id)
+    assert got_sa is not None
+    assert change(before[1], snapshot(sa_side.engine)) == change(
+        before[0], snapshot(pg_side.engine)
+    )
+    assert (got_sa.id, got_sa.kind, got_sa.queue, got_sa.attempt, got_sa.args) == (
+        got_pg.id,
+        got_pg.kind,
+        got_pg.queue,
+        got_pg.attempt,
+        got_pg.args,
+    )
+    assert (got_sa.state, got_sa.storage) == ("cancelled", "awa")
+    assert (got_sa.tags, got_sa.metadata) == (got_pg.tags, got_pg.metadata)
+    with sa_side.engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM public.business")).scalar_one() >= 1
+
+
+def test_what_awa_sa_does_not_do_on_queue_storage_is_refused(sides: tuple[Side, Side]) -> None:
+    _, sa_side = sides
+    before = snapshot(sa_side.engine)
+    refusals: list[tuple[Callable[[sa.Connection], object], str]] = [
+        (lambda c: awa_sa.cancel_job(c, AVAILABLE), "none of its scheduled or retryable"),
+        (lambda c: awa_sa.cancel_job(c, 10_000), "none of its scheduled or retryable"),
+        (lambda c: awa_sa.retry_job(c, RETRYABLE), "canonical jobs only"),
+        (lambda c: awa_sa.retry_failed(c, kind="idle"), "canonical jobs only"),
+        (lambda c: awa_sa.discard_failed(c, "idle"), "canonical jobs only"),
+    ]
+    for call, message in refusals:
+        with sa_side.engine.begin() as conn, pytest.raises(QueueStorageJobs, match=message):
+            call(conn)
+    assert snapshot(sa_side.engine) == before
+
+
+def test_a_rolled_back_cancel_leaves_the_job_as_it_was(sides: tuple[Side, Side]) -> None:
+    _, sa_side = sides
+    with sa_side.engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO awa.jobs (kind, queue, args, state, run_at)"
+                " VALUES ('idle', 'idle_q', '{}', 'scheduled', now() + interval '1 hour')"
+            )
+        )
+        job_id = conn.execute(sa.text("SELECT max(job_id) FROM awa.deferred_jobs")).scalar_one()
+    before = snapshot(sa_side.engine)
+    with sa_side.engine.connect() as conn:
+        assert awa_sa.cancel_job(conn, job_id) is not None
+        conn.rollback()
+    after = snapshot(sa_side.engine)
+    # The lane's sequences were ensured (they exist already) and nothing else changed.
+    assert after == before

@@ -130,14 +130,14 @@ def _cancel_deferred(conn: Connection, schema: str, job_id: int) -> list[Any]:
     anything else there is refused."""
     options = {"schema_translate_map": translate_map(schema)}
     binds = {"b_job_id": job_id}
-    found = conn.execute(claims_cancelled_only(), binds, execution_options=options).first()
-    if found is None:
+    # The row locked first: a promotion holding it makes this wait, then find it gone.
+    lane_row = conn.execute(deferred_lane(), binds, execution_options=options).first()
+    if lane_row is None:
         why = f"job {job_id} is none of its scheduled or retryable jobs (all awa-sa cancels there)"
         raise QueueStorageJobs("cancel_job", schema, why)
-    if found.refused:
+    if conn.execute(claims_cancelled_only(), binds, execution_options=options).scalar_one():
         why = f"job {job_id}'s unique mask claims cancelled but not its state"
         raise QueueStorageJobs("cancel_job", schema, why)
-    lane_row = conn.execute(deferred_lane(), binds, execution_options=options).one()
     ring = run(conn, RING_CURSOR, None, schema)
     if ring is None:
         raise DatabaseError(f"{schema}.queue_ring_state has no singleton row")

@@ -24,7 +24,7 @@ from awa_sa.compiled import run
 from awa_sa.errors import DatabaseError, QueueStorageJobs, ValidationError
 from awa_sa.forms import administered, check_bind
 from awa_sa.queue_storage import translate_map
-from awa_sa.running import CANONICAL
+from awa_sa.running import CANONICAL, running_attempts
 from awa_sa.statements.admin_canonical import (
     By,
     JobRow,
@@ -36,6 +36,8 @@ from awa_sa.statements.admin_canonical import (
 )
 from awa_sa.statements.admin_queue_storage import (
     cancel_deferred,
+    cancel_notify,
+    cancelled_attempt,
     claims_cancelled_only,
     deferred_lane,
     done_job_fields,
@@ -50,6 +52,7 @@ from awa_sa.statements.duplicate import (
     RING_CURSOR,
     Lane,
 )
+from awa_sa.statements.receipt_settles import RECEIPT_LOCKS, SETTLE_RECEIPT, ReceiptItem
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -120,21 +123,20 @@ def cancel_job_step(job_id: object) -> Step[JobRow | None]:
         "cancel_job",
         lambda routed: cancel_job_canonical(routed=routed),
         binds,
-        lambda conn, schema: _cancel_deferred(conn, schema, binds["b_job_id"]),
+        lambda conn, schema: _cancel_on_queue_storage(conn, schema, binds["b_job_id"]),
     )
     return lambda conn: _one(rows(conn))
 
 
-def _cancel_deferred(conn: Connection, schema: str, job_id: int) -> list[Any]:
-    """Cancel a scheduled or retryable job of *schema* as awa-pg does (docs/administer.md);
-    anything else there is refused."""
+def _cancel_on_queue_storage(conn: Connection, schema: str, job_id: int) -> list[Any]:
+    """Cancel a scheduled, retryable or running job of *schema* as awa-pg does
+    (docs/administer.md); anything else there is refused."""
     options = {"schema_translate_map": translate_map(schema)}
     binds = {"b_job_id": job_id}
     # The row locked first: a promotion holding it makes this wait, then find it gone.
     lane_row = conn.execute(deferred_lane(), binds, execution_options=options).first()
     if lane_row is None:
-        why = f"job {job_id} is none of its scheduled or retryable jobs (all awa-sa cancels there)"
-        raise QueueStorageJobs("cancel_job", schema, why)
+        return _cancel_running(conn, schema, job_id)
     if conn.execute(claims_cancelled_only(), binds, execution_options=options).scalar_one():
         why = f"job {job_id}'s unique mask claims cancelled but not its state"
         raise QueueStorageJobs("cancel_job", schema, why)
@@ -189,6 +191,48 @@ class _JobFields:
 
     fields: dict[str, Any]
     storage: str
+
+
+def _cancel_running(conn: Connection, schema: str, job_id: int) -> list[Any]:
+    """Close the job's open receipt as cancelled, as awa-pg's cancel does, and tell its
+    handler: the settle of a receipt (``statements.receipt_settles``) with awa-pg's admin
+    cancel's rows, then the ``awa:cancel`` NOTIFY."""
+    mine = [a for a in running_attempts(conn, job_id=job_id) if a.storage == schema]
+    if not mine:
+        why = f"job {job_id} is none of its scheduled, retryable or running jobs"
+        raise QueueStorageJobs("cancel_job", schema, f"{why} (all awa-sa cancels there)")
+    attempt = max(mine, key=lambda a: a.run_lease)
+    if attempt.receipt_id is None or attempt.claim_slot is None:
+        why = f"job {job_id} waits on a callback (a leases row), which awa-sa does not cancel"
+        raise QueueStorageJobs("cancel_job", schema, why)
+    item = ReceiptItem(
+        job_id,
+        attempt.run_lease,
+        attempt.claim_slot,
+        attempt.receipt_id,
+        attempt.claim_batch_id,
+        attempt.claim_batch_index,
+        "admin_cancel",
+        None,
+        None,
+        None,
+        None,
+        attempt.kind,
+        attempt.queue,
+        attempt.attempt,
+    )
+    run(conn, RECEIPT_LOCKS, [item], schema)
+    closed = run(conn, SETTLE_RECEIPT, item, schema)
+    if closed.materialised:
+        why = f"job {job_id} waits on a callback (a leases row), which awa-sa does not cancel"
+        raise QueueStorageJobs("cancel_job", schema, why)
+    if closed.job_id is None:
+        raise QueueStorageJobs("cancel_job", schema, f"job {job_id}'s attempt ended meanwhile")
+    options = {"schema_translate_map": translate_map(schema)}
+    lease = {"b_job_id": job_id, "b_run_lease": attempt.run_lease}
+    conn.execute(cancel_notify(), lease)
+    rows = conn.execute(cancelled_attempt(), lease, execution_options=options).all()
+    return [_JobFields(done_job_fields(row), schema) for row in rows]
 
 
 def _one(rows: list[Any]) -> JobRow | None:

@@ -27,8 +27,10 @@ from sqlalchemy import (
     select,
     true,
 )
+from sqlalchemy.dialects.postgresql import JSONB
 
 from awa_sa import queue_storage as qs
+from awa_sa.statements.admin_canonical import cancel_notice
 from awa_sa.statements.duplicate import insert_terminal_delta
 from awa_sa.statements.registry import statement
 from awa_sa.statements.sql import SHARD0, state
@@ -150,3 +152,50 @@ def done_job_fields(row: Any) -> dict[str, Any]:
         "run_lease": values["run_lease"],
         "progress": payload.get("progress"),
     }
+
+
+@statement
+def cancel_notify() -> Select[Any]:
+    """The ``awa:cancel`` NOTIFY of a running queue-storage attempt, after its receipt closed."""
+    job_id = bindparam("b_job_id", type_=BigInteger)
+    run_lease = bindparam("b_run_lease", type_=BigInteger)
+    return select(cancel_notice(job_id, run_lease))
+
+
+@statement
+def cancelled_attempt() -> Select[Any]:
+    """The cancelled attempt's terminal row, joined back to its ready row as Awa's
+    ``terminal_jobs`` view does (a ready-backed row stores only what the ready row lacks)."""
+    done, ready = qs.done_entries.c, qs.ready_entries.c
+    payload = func.coalesce(done.payload, ready.payload, type_=JSONB)
+    lane = ("ready_slot", "ready_generation", "queue", "priority", "enqueue_shard", "lane_seq")
+    return (
+        select(
+            done.job_id,
+            ready.kind,
+            done.queue,
+            ready.args,
+            done.state,
+            done.priority,
+            done.attempt,
+            done.run_lease,
+            ready.max_attempts,
+            ready.run_at,
+            done.attempted_at,
+            done.finalized_at,
+            ready.created_at,
+            ready.unique_key,
+            ready.unique_states,
+            payload.label("payload"),
+        )
+        .select_from(
+            qs.done_entries.join(
+                qs.ready_entries, and_(*(done[name] == ready[name] for name in lane))
+            )
+        )
+        .where(
+            done.job_id == bindparam("b_job_id", type_=BigInteger),
+            done.run_lease == bindparam("b_run_lease", type_=BigInteger),
+            done.state == state("cancelled"),
+        )
+    )

@@ -80,9 +80,18 @@ from awa_sa.statements.sql import (
 from awa_sa.tables import JOB_STATES, Timestamp, job_state, job_unique_claims
 
 ReceiptTag = Literal[
-    "complete", "cancel", "fail", "fail_terminal", "snooze", "retry_after", "retry_backoff"
+    "complete",
+    "cancel",
+    "fail",
+    "fail_terminal",
+    "snooze",
+    "retry_after",
+    "retry_backoff",
+    "admin_cancel",
 ]
-"""A result as the statement sees it."""
+"""A result as the statement sees it. ``admin_cancel`` is awa-pg's ``Client.cancel`` of a
+running attempt (docs/administer.md): cancelled with no error entry, the payload left to the
+ready row, ``attempt_state`` kept."""
 
 LOCK_PREFIX = "awa.receipt.complete:"
 """The advisory-lock key text, before ``<job_id>:<run_lease>``, as the runtime spells it."""
@@ -331,7 +340,7 @@ def _taken(asked: CTE) -> CTE:
     exhausted = t.attempt >= t.max_attempts
     next_state = case(
         (_is(asked, "complete"), _text("completed")),
-        (_is(asked, "cancel"), _text("cancelled")),
+        (_is(asked, "cancel", "admin_cancel"), _text("cancelled")),
         (_is(asked, "fail_terminal"), _text("failed")),
         (_is(asked, "fail") & exhausted, _text("failed")),
         (_is(asked, "snooze"), _text("scheduled")),
@@ -592,6 +601,7 @@ def _done(shaped: CTE) -> CTE:
     done = qs.done_entries
     stored = case(
         (or_(s.payload == EMPTY_OBJECT, s.payload == s.ready_payload), cast(null(), JSONB)),
+        (_is(shaped, "admin_cancel"), cast(null(), JSONB)),
         else_=s.payload,
     )
     values: dict[str, ColumnElement[Any]] = {name: s[name] for name in _DONE_CARRIED}
@@ -688,7 +698,11 @@ def settle_receipt() -> Select[Any]:
     state_rows = qs.attempt_state
     flushed = (
         delete(state_rows)
-        .where(state_rows.c.job_id == taken.c.job_id, state_rows.c.run_lease == taken.c.run_lease)
+        .where(
+            state_rows.c.job_id == taken.c.job_id,
+            state_rows.c.run_lease == taken.c.run_lease,
+            ~_is(taken, "admin_cancel"),
+        )
         .returning(state_rows.c.progress)
         .cte("flushed")
     )

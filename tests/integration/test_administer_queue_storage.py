@@ -5,13 +5,16 @@ by its first real awa-pg runtime (the quick-start order: the worker starts befor
 On each, the same jobs in the same order: two scheduled ones (one with a unique key, one with
 tags and metadata on a queue and priority no job used before, so its lane is created by the
 cancel), and a retryable one, left so by the real worker (its handler raises with attempts
-left). A side session holds the maintenance-leader lock, so nothing promotes them.
+left). A side session holds the maintenance-leader lock, so nothing promotes them. Then two
+running attempts, one receipt of each shape (``lease_claims``, compact), held by a live
+worker's handlers until the runtime tells them the job was cancelled.
 
-Each is then cancelled, by awa-pg's ``AsyncClient.cancel`` on one cluster, by awa-sa in a
-caller's transaction that also commits a business row on the other. Compared: every row of
-every table of schema ``awa`` (partitions through their parents; the runtimes' own liveness
-rows left out) and every sequence, before and after, with only the clocks masked. What awa-sa
-does not do on queue storage is refused, and writes nothing.
+Each is cancelled by awa-pg's ``AsyncClient.cancel`` on one cluster, by awa-sa in a caller's
+transaction that also commits a business row on the other. Compared: every row of every table
+of schema ``awa`` (partitions through their parents; the runtimes' own liveness and claimer
+bookkeeping left out) and every sequence, before and after (for a running attempt, after the
+runtime's own completion of it), with only the clocks masked. What awa-sa does not do on
+queue storage is refused, and writes nothing.
 """
 
 from __future__ import annotations
@@ -56,7 +59,8 @@ def _tables(conn: sa.Connection) -> list[str]:
                 "SELECT 'awa.' || c.relname FROM pg_class c JOIN pg_namespace n"
                 " ON n.oid = c.relnamespace WHERE n.nspname = 'awa' AND c.relkind IN ('r', 'p')"
                 " AND NOT c.relispartition AND c.relname NOT LIKE 'runtime_%'"
-                " AND c.relname NOT IN ('queue_descriptors', 'job_kind_descriptors')"
+                " AND c.relname NOT IN ('queue_descriptors', 'job_kind_descriptors',"
+                " 'queue_claimer_leases', 'queue_claimer_state')"
                 " ORDER BY 1"
             )
         ).scalars()
@@ -204,8 +208,8 @@ def test_what_awa_sa_does_not_do_on_queue_storage_is_refused(sides: tuple[Side, 
     _, sa_side = sides
     before = snapshot(sa_side.engine)
     refusals: list[tuple[Callable[[sa.Connection], object], str]] = [
-        (lambda c: awa_sa.cancel_job(c, AVAILABLE), "none of its scheduled or retryable"),
-        (lambda c: awa_sa.cancel_job(c, 10_000), "none of its scheduled or retryable"),
+        (lambda c: awa_sa.cancel_job(c, AVAILABLE), "none of its scheduled, retryable or running"),
+        (lambda c: awa_sa.cancel_job(c, 10_000), "none of its scheduled, retryable or running"),
         (lambda c: awa_sa.retry_job(c, RETRYABLE), "canonical jobs only"),
         (lambda c: awa_sa.retry_failed(c, kind="idle"), "canonical jobs only"),
         (lambda c: awa_sa.discard_failed(c, "idle"), "canonical jobs only"),
@@ -217,19 +221,116 @@ def test_what_awa_sa_does_not_do_on_queue_storage_is_refused(sides: tuple[Side, 
 
 
 def test_a_rolled_back_cancel_leaves_the_job_as_it_was(sides: tuple[Side, Side]) -> None:
-    _, sa_side = sides
-    with sa_side.engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "INSERT INTO awa.jobs (kind, queue, args, state, run_at)"
-                " VALUES ('idle', 'idle_q', '{}', 'scheduled', now() + interval '1 hour')"
+    for side in sides:  # on both, so that the twins' ids stay in step
+        with side.engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO awa.jobs (kind, queue, args, state, run_at)"
+                    " VALUES ('idle', 'idle_q', '{}', 'scheduled', now() + interval '1 hour')"
+                )
             )
-        )
+    _, sa_side = sides
+    with sa_side.engine.connect() as conn:
         job_id = conn.execute(sa.text("SELECT max(job_id) FROM awa.deferred_jobs")).scalar_one()
     before = snapshot(sa_side.engine)
     with sa_side.engine.connect() as conn:
         assert awa_sa.cancel_job(conn, job_id) is not None
         conn.rollback()
-    after = snapshot(sa_side.engine)
     # The lane's sequences were ensured (they exist already) and nothing else changed.
-    assert after == before
+    assert snapshot(sa_side.engine) == before
+
+
+RECEIPT_Q = {"name": "receipt_q", "max_workers": 2}
+"""A queue with the default deadline: a claim writes a ``lease_claims`` receipt."""
+COMPACT_Q = {"name": "compact_q", "max_workers": 2, "deadline_duration_ms": 0}
+"""No deadline: a claim writes one position of a compact ``lease_claim_batches`` row."""
+
+
+async def _cancel_beside_worker(side: Side, by_awa_sa: bool) -> list[Any]:
+    """Two attempts held by a live worker (one receipt of each shape), each cancelled while
+    held; each handler returns once told, and the runtime's completion lands on shutdown."""
+    client = awa.AsyncClient(pg_url(side.url))
+    holding = asyncio.Event()
+    told: list[int] = []
+    runs: list[int] = []
+
+    async def holds(job: Any) -> Any:
+        runs.append(job.id)
+        holding.set()
+        while not job.is_cancelled():  # the handler's own pace, as a real one polls
+            await asyncio.sleep(0.01)
+        told.append(job.id)
+
+    client.task(dict, kind="holds", queue="receipt_q")(holds)
+    client.task(dict, kind="holdc", queue="compact_q")(holds)
+    await client.start(
+        [RECEIPT_Q, COMPACT_Q], promote_interval_ms=600_000, heartbeat_interval_ms=600_000
+    )
+    found: list[Any] = []
+    try:
+        for kind, queue in (("holds", "receipt_q"), ("holdc", "compact_q")):
+            holding.clear()
+            job = await client.insert(
+                {"k": kind}, kind=kind, queue=queue, unique_opts={"by_args": True}
+            )
+            await asyncio.wait_for(holding.wait(), 60)
+            before = await asyncio.to_thread(snapshot, side.engine)
+            got: Any
+            if by_awa_sa:
+                got = await asyncio.to_thread(_sa_cancel, side, job.id)
+            else:
+                got = await client.cancel(job.id)
+            for _ in range(3000):
+                if job.id in told:
+                    break
+                await asyncio.sleep(0.01)  # the handler's pace
+            found.append((job.id, got, before))
+    finally:
+        await client.shutdown()  # the handlers returned: their completions land
+        await client.close()
+    after = await asyncio.to_thread(snapshot, side.engine)
+    return [
+        (job_id, got, change(before, after), job_id in told, runs.count(job_id))
+        for job_id, got, before in found
+    ]
+
+
+def _sa_cancel(side: Side, job_id: int) -> awa_sa.JobRow | None:
+    with side.engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO public.business VALUES ('paid')"))
+        return awa_sa.cancel_job(conn, job_id)
+
+
+def test_a_running_attempt_cancelled_beside_its_worker_writes_what_awa_pg_writes(
+    sides: tuple[Side, Side],
+) -> None:
+    pg_side, sa_side = sides
+    on_pg = asyncio.run(_cancel_beside_worker(pg_side, by_awa_sa=False))
+    on_sa = asyncio.run(_cancel_beside_worker(sa_side, by_awa_sa=True))
+    assert [job_id for job_id, *_ in on_sa] == [job_id for job_id, *_ in on_pg]
+    for (job_id, got_pg, pg_change, pg_told, pg_runs), (
+        _,
+        got_sa,
+        sa_change,
+        sa_told,
+        sa_runs,
+    ) in zip(on_pg, on_sa, strict=True):
+        assert got_sa is not None, job_id
+        assert (got_sa.state, got_sa.storage) == ("cancelled", "awa"), job_id
+        assert (got_sa.id, got_sa.kind, got_sa.queue, got_sa.attempt, got_sa.args) == (
+            got_pg.id,
+            got_pg.kind,
+            got_pg.queue,
+            got_pg.attempt,
+            got_pg.args,
+        )
+        # Told once, ran once; the runtime's completion after the cancel changed nothing.
+        assert (sa_told, sa_runs) == (pg_told, pg_runs) == (True, 1)
+        # The later part of each change includes the second attempt's claim: compared whole.
+        assert sa_change == pg_change, job_id
+        written = [
+            row
+            for row in sa_change["awa.done_entries"][1]
+            if f"({job_id}," in row or f",{job_id}," in row
+        ]
+        assert any("cancelled" in row for row in written), sa_change["awa.done_entries"]

@@ -9,7 +9,9 @@ Each call validates its input before any connection is touched, then, in the bin
 (:func:`awa_sa.forms.administered`), share-locks the transition singleton (the routing lock,
 as a reschedule takes it) and sends one statement that reads routing afresh and writes only
 while routing is canonical (:mod:`awa_sa.statements.admin_canonical`). Once routing points at
-queue storage nothing is written and :class:`~awa_sa.errors.QueueStorageJobs` is raised.
+queue storage that statement wrote nothing: a cancel of a scheduled, retryable or running job
+goes on in the routing schema (:mod:`awa_sa.statements.admin_queue_storage`), and everything
+else raises :class:`~awa_sa.errors.QueueStorageJobs`.
 """
 
 from __future__ import annotations
@@ -250,8 +252,10 @@ def cancel_job(bind: Engine | Connection | Session, job_id: int) -> JobRow | Non
     A running (or callback-waiting) attempt is told to stop by awa-pg's ``awa:cancel`` NOTIFY,
     delivered when the transaction commits; the runtime's later ending of that attempt then
     changes nothing. ``bind`` is an ``Engine`` (own transaction, committed), or a
-    ``Connection`` or ``Session`` (the caller's transaction, never committed here). Raises
-    :class:`~awa_sa.errors.QueueStorageJobs` once routing is queue storage.
+    ``Connection`` or ``Session`` (the caller's transaction, never committed here). Once
+    routing is queue storage, a scheduled, retryable or running job of the routing schema is
+    cancelled as awa-pg cancels it there, and anything else raises
+    :class:`~awa_sa.errors.QueueStorageJobs` (docs/administer.md).
     """
     check_bind(bind)
     return administered(bind, cancel_job_step(job_id))

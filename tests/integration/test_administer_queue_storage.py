@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import os
 import re
+import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -30,7 +32,7 @@ from typing import Any
 import awa
 import pytest
 import sqlalchemy as sa
-from conftest import _janitor, database_url
+from conftest import QUIESCED_FLIP, _janitor, awa_cli, database_url
 from runtimes import hold_leadership, pg_url
 
 import awa_sa
@@ -334,3 +336,83 @@ def test_a_running_attempt_cancelled_beside_its_worker_writes_what_awa_pg_writes
             if f"({job_id}," in row or f",{job_id}," in row
         ]
         assert any("cancelled" in row for row in written), sa_change["awa.done_entries"]
+
+
+def test_in_mixed_transition_a_deferred_job_of_the_routing_schema_is_cancelled_as_awa_pg(
+    pg: EmbeddedPostgres, real_template: str
+) -> None:
+    """Routing flipped to ``awa_qs`` by the real CLI, no runtime: a canonical job enqueued
+    before the flip and a scheduled one after, on both twins. ``cancel_job(1)`` names the
+    routing schema's job 1 on both sides (the planes' ids collide; awa-pg's cancel looks there
+    alone), and the canonical job 1 is left as it was by both."""
+    made = []
+    try:
+        for _ in range(2):
+            name = f"t_{uuid.uuid4().hex[:16]}"
+            janitor = _janitor(pg, name, template=real_template)
+            janitor.init()
+            made.append((database_url(pg, name), janitor))
+        for url, _ in made:
+            asyncio.run(_mixed(url))
+        (pg_url_, _), (sa_url, _) = made
+        engines = [sa.create_engine(pg_url_), sa.create_engine(sa_url)]
+        try:
+            before = [snapshot_of(e) for e in engines]
+            got_pg = _pg_cancel(pg_url_, 1)
+            with engines[1].begin() as conn:
+                got_sa = awa_sa.cancel_job(conn, 1)
+            after = [snapshot_of(e) for e in engines]
+        finally:
+            for e in engines:
+                e.dispose()
+    finally:
+        for _, janitor in made:
+            janitor.drop()
+    assert got_sa is not None
+    assert (got_sa.storage, got_sa.state, got_sa.kind) == ("awa_qs", "cancelled", "later")
+    assert (got_pg.id, got_pg.kind) == (got_sa.id, got_sa.kind)
+    assert change(before[1], after[1]) == change(before[0], after[0])
+    assert change(before[1], after[1])["awa_qs.done_entries"][1]
+    assert "awa.jobs_hot" not in change(before[1], after[1])
+
+
+async def _mixed(url: str) -> None:
+    client = awa.AsyncClient(pg_url(url))
+    try:
+        await client.insert({"n": 1}, kind="before", queue="q")  # canonical job 1
+    finally:
+        await client.close()
+    env_url = pg_url(url)
+    for args in (
+        ("storage", "prepare", "--engine", "queue_storage", "--details", '{"schema": "awa_qs"}'),
+        QUIESCED_FLIP,
+    ):
+        await asyncio.to_thread(_awa_cli, env_url, args)
+    client = awa.AsyncClient(pg_url(url))
+    try:
+        later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+        await client.insert({"n": 2}, kind="later", queue="q", run_at=later)  # awa_qs job 1
+    finally:
+        await client.close()
+
+
+def _awa_cli(url: str, args: tuple[str, ...]) -> None:
+    env = {**os.environ, "DATABASE_URL": url, "RUST_LOG": "warn"}
+    subprocess.run([awa_cli(), *args], env=env, check=True, capture_output=True, timeout=120)
+
+
+def snapshot_of(engine: sa.Engine) -> dict[str, list[str]]:
+    """:func:`snapshot` over both schemas a mixed_transition cluster writes."""
+    out = snapshot(engine)
+    with engine.connect() as conn:
+        for table in ("jobs_hot", "scheduled_jobs"):
+            out[f"awa.{table}"] = sorted(
+                _CLOCK.sub("CLOCK", t)
+                for t in conn.execute(sa.text(f"SELECT t::text FROM awa.{table} t")).scalars()
+            )
+        for table in ("deferred_jobs", "done_entries", "queue_terminal_count_deltas"):
+            out[f"awa_qs.{table}"] = sorted(
+                _CLOCK.sub("CLOCK", t)
+                for t in conn.execute(sa.text(f"SELECT t::text FROM awa_qs.{table} t")).scalars()
+            )
+    return out

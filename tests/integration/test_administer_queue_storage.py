@@ -34,8 +34,10 @@ import pytest
 import sqlalchemy as sa
 from conftest import QUIESCED_FLIP, _janitor, awa_cli, database_url
 from runtimes import hold_leadership, pg_url
+from sqlalchemy.ext.asyncio import create_async_engine
 
 import awa_sa
+import awa_sa.asyncio as awa_async
 from awa_sa import QueueStorageJobs
 from awa_sa.testing.server import EmbeddedPostgres
 
@@ -416,3 +418,32 @@ def snapshot_of(engine: sa.Engine) -> dict[str, list[str]]:
                 for t in conn.execute(sa.text(f"SELECT t::text FROM awa_qs.{table} t")).scalars()
             )
     return out
+
+
+def test_the_async_twin_cancels_on_queue_storage_with_asyncpg(sides: tuple[Side, Side]) -> None:
+    for side in sides:  # on both, so that the twins' ids stay in step
+        with side.engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO awa.jobs (kind, queue, args, state, run_at, tags, metadata)"
+                    " VALUES ('idle', 'idle_q', '{\"a\": [1]}', 'scheduled',"
+                    " now() + interval '1 hour', '{x}', '{\"m\": 2}')"
+                )
+            )
+    _, sa_side = sides
+    with sa_side.engine.connect() as conn:
+        job_id = conn.execute(sa.text("SELECT max(job_id) FROM awa.deferred_jobs")).scalar_one()
+    url = sa.make_url(sa_side.url).set(drivername="postgresql+asyncpg")
+
+    async def cancel() -> awa_sa.JobRow | None:
+        engine = create_async_engine(url)
+        try:
+            async with engine.begin() as conn:
+                return await awa_async.cancel_job(conn, job_id)
+        finally:
+            await engine.dispose()
+
+    got = asyncio.run(cancel())
+    assert got is not None
+    assert (got.id, got.state, got.storage) == (job_id, "cancelled", "awa")
+    assert (got.args, got.tags, got.metadata) == ({"a": [1]}, ["x"], {"m": 2})

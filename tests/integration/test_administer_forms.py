@@ -20,14 +20,14 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from conftest import Cluster, _janitor, database_url
-from jobs import insert_job, snapshot
+from jobs import insert_holder, insert_job, snapshot
 from racing import held, in_thread, wait_until_blocked
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 import awa_sa
 import awa_sa.asyncio as awa_async
-from awa_sa import JobRow, QueueStorageJobs, RetriedFailed, ValidationError
+from awa_sa import JobRow, QueueStorageJobs, RetriedFailed, UniqueConflict, ValidationError
 from awa_sa.testing.server import EmbeddedPostgres
 
 SYNC = ("psycopg", "psycopg2", "pg8000")
@@ -305,5 +305,30 @@ def test_two_retries_of_one_job_retry_it_once(url: str) -> None:
             first.commit()
         assert second.result(timeout=20) is None
         assert _state(engine, job_id) == "available"
+    finally:
+        engine.dispose()
+
+
+def test_a_retry_whose_key_another_job_holds_is_a_unique_conflict(url: str) -> None:
+    engine = sa.create_engine(url)
+    try:
+        key = b"retry-conflict"
+        with engine.begin() as conn:
+            # failed is not in the mask: the key is free for the holder, then taken by it.
+            job_id = insert_job(
+                conn, state="failed", kind="conflict", unique_key=key, unique_states="11111000"
+            )
+            holder = insert_holder(conn, key)
+        with engine.connect() as conn:
+            before = snapshot(conn)
+        with engine.begin() as conn, pytest.raises(UniqueConflict):
+            awa_sa.retry_job(conn, job_id)
+        with engine.connect() as conn:
+            assert snapshot(conn) == before
+            claimed = conn.execute(
+                sa.text("SELECT job_id FROM awa.job_unique_claims WHERE unique_key = :k"),
+                {"k": key},
+            ).scalar_one()
+        assert claimed == holder
     finally:
         engine.dispose()

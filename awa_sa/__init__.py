@@ -22,6 +22,7 @@ The same attempt settled again, now in a batch: the guard no longer matches, not
     [Stale()]
 """
 
+from awa_sa.administer import RetriedFailed, cancel_job, discard_failed, retry_failed, retry_job
 from awa_sa.enqueueing import enqueue, enqueue_many
 from awa_sa.errors import (
     AmbiguousAttempt,
@@ -33,6 +34,7 @@ from awa_sa.errors import (
     MaterialisedAttempt,
     NotAnAwaDatabase,
     QueueStorageAttempt,
+    QueueStorageJobs,
     ReadOnlyTransaction,
     UniqueConflict,
     ValidationError,
@@ -69,6 +71,7 @@ from awa_sa.reschedule import (
     settle_canonical_attempts,
 )
 from awa_sa.running import CANONICAL, RunningAttempt, attempt_of, running_attempts
+from awa_sa.statements.admin_canonical import JobRow
 from awa_sa.unique import Unique
 
 __all__ = [
@@ -90,6 +93,7 @@ __all__ = [
     "Fail",
     "Failed",
     "InvalidSchemaName",
+    "JobRow",
     "Kind",
     "MaterialisedAttempt",
     "Migrated",
@@ -97,9 +101,11 @@ __all__ = [
     "NotAnAwaDatabase",
     "Outcome",
     "QueueStorageAttempt",
+    "QueueStorageJobs",
     "ReadOnlyTransaction",
     "Rescheduled",
     "Result",
+    "RetriedFailed",
     "RetryAfter",
     "RetryBackoff",
     "RunningAttempt",
@@ -111,10 +117,14 @@ __all__ = [
     "UniqueConflict",
     "ValidationError",
     "attempt_of",
+    "cancel_job",
+    "discard_failed",
     "enqueue",
     "enqueue_many",
     "reschedule_canonical_attempt",
     "reschedule_canonical_attempts",
+    "retry_failed",
+    "retry_job",
     "running_attempts",
     "settle",
     "settle_attempts",

@@ -27,7 +27,7 @@ except ImportError as exc:
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
-from awa_sa import forms
+from awa_sa import administer, forms
 from awa_sa.calls import AnyCall, prepare, prepare_all, prepare_batch, prepare_result
 from awa_sa.drivers import check_dialect
 from awa_sa.enqueueing_async import enqueue, enqueue_many
@@ -38,15 +38,20 @@ from awa_sa.reschedule import settling, settlings
 from awa_sa.running import JobLike, RunningAttempt
 from awa_sa.running import attempt_of as _sync_attempt_of
 from awa_sa.running import running_attempts as _sync_running_attempts
+from awa_sa.statements.admin_canonical import JobRow
 
 _T = TypeVar("_T")
 
 __all__ = [
     "attempt_of",
+    "cancel_job",
+    "discard_failed",
     "enqueue",
     "enqueue_many",
     "reschedule_canonical_attempt",
     "reschedule_canonical_attempts",
+    "retry_failed",
+    "retry_job",
     "running_attempts",
     "settle",
     "settle_attempts",
@@ -187,6 +192,42 @@ async def attempt_of(
     """
     _check_bind(bind)
     return await _on_sync(bind, _sync_attempt_of, job)
+
+
+async def cancel_job(
+    bind: AsyncEngine | AsyncConnection | AsyncSession, job_id: int
+) -> JobRow | None:
+    """Async :func:`awa_sa.cancel_job`; same arguments, result and errors."""
+    return await _administered(bind, administer.cancel_job_step(job_id))
+
+
+async def retry_job(
+    bind: AsyncEngine | AsyncConnection | AsyncSession, job_id: int
+) -> JobRow | None:
+    """Async :func:`awa_sa.retry_job`; same arguments, result and errors."""
+    return await _administered(bind, administer.retry_job_step(job_id))
+
+
+async def retry_failed(
+    bind: AsyncEngine | AsyncConnection | AsyncSession,
+    *,
+    kind: str | None = None,
+    queue: str | None = None,
+) -> administer.RetriedFailed:
+    """Async :func:`awa_sa.retry_failed`; same arguments, result and errors."""
+    return await _administered(bind, administer.retry_failed_step(kind, queue))
+
+
+async def discard_failed(bind: AsyncEngine | AsyncConnection | AsyncSession, kind: str) -> int:
+    """Async :func:`awa_sa.discard_failed`; same arguments, result and errors."""
+    return await _administered(bind, administer.discard_failed_step(kind))
+
+
+async def _administered(
+    bind: AsyncEngine | AsyncConnection | AsyncSession, step: administer.Step[_T]
+) -> _T:
+    _check_bind(bind)
+    return await _on_sync(bind, forms.administer_in, step, engine_form=forms.administered)
 
 
 def _check_bind(bind: object) -> None:

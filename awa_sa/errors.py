@@ -237,6 +237,24 @@ class MaterialisedAttempt(ValidationError):
         self.schema = schema
 
 
+class QueueStorageJobs(ValidationError):
+    """Routing points at queue storage and awa-sa cannot do this there; nothing was written
+    (docs/administer.md).
+
+    On queue storage awa-sa cancels scheduled, retryable and running jobs only. The rest is
+    several of the runtime's own statements (tombstones, lane sequences), some of which awa-pg
+    sends only after its own commit; use awa-pg's ``Client`` there.
+    """
+
+    def __init__(self, verb: str, schema: str, why: str) -> None:
+        super().__init__(
+            f"{verb}: routing points at queue storage (schema {schema!r}) and {why} "
+            f"(nothing was written): use awa-pg's Client there"
+        )
+        self.verb = verb
+        self.schema = schema
+
+
 def translate_db_error(exc: sqlalchemy.exc.DBAPIError) -> AwaSAError:
     """The awa-sa error for a driver error; the caller raises it ``from exc``.
 

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
 _T = TypeVar("_T")
-_C = TypeVar("_C", bound=Sequence[AnyCall])
+_C = TypeVar("_C")
 _R = TypeVar("_R", bound=Runner)
 
 
@@ -206,6 +206,33 @@ def _alone(runner: Runner, calls: Sequence[AnyCall]) -> list[Ending] | _Then:
 
 def _going_on(conn: Connection, calls: Sequence[AnyCall]) -> list[Ending]:
     return list(_guarded(conn, flow.go_on, cast(Sequence[Call], calls)))
+
+
+def administered(bind: Engine | Connection | Session, step: Callable[[Connection], _T]) -> _T:
+    """An administering call's *step*: in its own transaction, committed, for an Engine (and
+    an AsyncEngine's sync one); in the caller's transaction for a Connection or Session."""
+    if isinstance(bind, Engine):
+        try:
+            with bind.begin() as conn:
+                return administer_in(conn, step)
+        except Exception as exc:
+            raise translated_error(exc)  # noqa: B904 -- translated() chained it already
+    if not isinstance(bind, Connection):
+        with translated():  # a Session's autobegin checks a connection out
+            bind = bind.connection()
+    return administer_in(bind, step)
+
+
+def administer_in(conn: Connection, step: Callable[[Connection], _T]) -> _T:
+    """*step* inside whatever transaction *conn* has, translated; AUTOCOMMIT refused."""
+    if in_autocommit(conn):
+        # The routing lock would be gone before the write it guards.
+        raise ValidationError("bind is in AUTOCOMMIT mode; administering jobs needs a transaction")
+    return _guarded(conn, _step_on, step)
+
+
+def _step_on(conn: Connection, step: Callable[[Connection], _T]) -> _T:
+    return step(conn)
 
 
 def in_transaction(conn: Connection, calls: Sequence[AnyCall]) -> list[Ending]:

@@ -17,6 +17,17 @@ Bind names carry a prefix (``guard_``, ``b_``) because SQLAlchemy reserves a col
 its VALUES/SET parameter in ``insert()``/``update()``.
 """
 
+from awa_sa.statements.admin_canonical import (
+    cancel_job_canonical,
+    discard_failed_canonical,
+    retry_failed_canonical,
+    retry_job_canonical,
+)
+from awa_sa.statements.admin_queue_storage import (
+    cancel_deferred,
+    claims_cancelled_only,
+    deferred_lane,
+)
 from awa_sa.statements.canonical import (
     ROUTING_BODY_MD5,
     canonical_move,
@@ -43,9 +54,14 @@ __all__ = [
     "LIFECYCLE_DUPLICATE",
     "ROUTING_BODY_MD5",
     "all_builders",
+    "cancel_deferred",
+    "cancel_job_canonical",
     "canonical_move",
     "claim_unique_keys",
+    "claims_cancelled_only",
     "clock",
+    "deferred_lane",
+    "discard_failed_canonical",
     "end_attempts",
     "ensure_lane_head",
     "ensure_lane_row",
@@ -56,6 +72,8 @@ __all__ = [
     "lane_lock",
     "move_if_canonical",
     "open_claims",
+    "retry_failed_canonical",
+    "retry_job_canonical",
     "ring_cursor",
     "routing_lock",
     "take_and_allocate",

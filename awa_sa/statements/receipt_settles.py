@@ -59,6 +59,7 @@ from awa_sa.statements.receipt_targets import (
     asked_row,
     binds,
     open_receipt,
+    tagged,
     text_literal,
 )
 from awa_sa.statements.receipt_writes import (
@@ -126,7 +127,11 @@ def settle_receipt() -> Select[Any]:
     state_rows = qs.attempt_state
     flushed = (
         delete(state_rows)
-        .where(state_rows.c.job_id == taken.c.job_id, state_rows.c.run_lease == taken.c.run_lease)
+        .where(
+            state_rows.c.job_id == taken.c.job_id,
+            state_rows.c.run_lease == taken.c.run_lease,
+            ~tagged(taken, "admin_cancel"),
+        )
         .returning(state_rows.c.progress)
         .cte("flushed")
     )

@@ -46,9 +46,18 @@ from awa_sa.statements.sql import (
 from awa_sa.tables import Timestamp
 
 ReceiptTag = Literal[
-    "complete", "cancel", "fail", "fail_terminal", "snooze", "retry_after", "retry_backoff"
+    "complete",
+    "cancel",
+    "fail",
+    "fail_terminal",
+    "snooze",
+    "retry_after",
+    "retry_backoff",
+    "admin_cancel",
 ]
-"""A result as the statement sees it."""
+"""A result as the statement sees it. ``admin_cancel`` is awa-pg's ``Client.cancel`` of a
+running attempt (docs/administer.md): cancelled with no error entry, the payload left to the
+ready row, ``attempt_state`` kept."""
 
 
 COMPACT_METADATA_KEYS = ("_awa_original_priority", "_awa_original_queue")
@@ -264,7 +273,7 @@ def open_receipt(asked: CTE) -> CTE:
     exhausted = t.attempt >= t.max_attempts
     next_state = case(
         (tagged(asked, "complete"), text_literal("completed")),
-        (tagged(asked, "cancel"), text_literal("cancelled")),
+        (tagged(asked, "cancel", "admin_cancel"), text_literal("cancelled")),
         (tagged(asked, "fail_terminal"), text_literal("failed")),
         (tagged(asked, "fail") & exhausted, text_literal("failed")),
         (tagged(asked, "snooze"), text_literal("scheduled")),

@@ -179,6 +179,7 @@ def done_row(shaped: CTE) -> CTE:
     done = qs.done_entries
     stored = case(
         (or_(s.payload == EMPTY_OBJECT, s.payload == s.ready_payload), cast(null(), JSONB)),
+        (tagged(shaped, "admin_cancel"), cast(null(), JSONB)),
         else_=s.payload,
     )
     values: dict[str, ColumnElement[Any]] = {name: s[name] for name in _DONE_CARRIED}

@@ -29,10 +29,14 @@ WRITTEN = [
     ("INSERT", f"{QS}.lease_claim_closure_batches"),
     ("INSERT", f"{QS}.receipt_completion_batches"),
     ("UPDATE", f"{QS}.lease_claims"),
+    ("DELETE", "awa.scheduled_jobs"),
+    ("INSERT", "awa.jobs_hot"),
+    ("DELETE", f"{QS}.deferred_jobs"),
 ]
 """Each verb and relation the statements write: the canonical move and its claims, the
 endings in place, the queue-storage rows of a migrated or cancelled attempt, and the settle of
-a queue-storage attempt (its closure, its next row, its claim)."""
+a queue-storage attempt (its closure, its next row, its claim), and the administering of
+canonical jobs (the view's DELETE and INSERT) and the cancel of a deferred queue-storage job."""
 
 
 def _writes() -> list[tuple[str, TableClause]]:

@@ -1,0 +1,449 @@
+"""Cancelling a queue-storage job: awa-sa writes what awa-pg 0.6.9's own Client writes (issue 37).
+
+Twin clusters built by ``awa migrate``, each auto-finalized to queue storage in schema ``awa``
+by its first real awa-pg runtime (the quick-start order: the worker starts before any job).
+On each, the same jobs in the same order: two scheduled ones (one with a unique key, one with
+tags and metadata on a queue and priority no job used before, so its lane is created by the
+cancel), and a retryable one, left so by the real worker (its handler raises with attempts
+left). A side session holds the maintenance-leader lock, so nothing promotes them. Then two
+running attempts, one receipt of each shape (``lease_claims``, compact), held by a live
+worker's handlers until the runtime tells them the job was cancelled.
+
+Each is cancelled by awa-pg's ``AsyncClient.cancel`` on one cluster, by awa-sa in a caller's
+transaction that also commits a business row on the other. Compared: every row of every table
+of schema ``awa`` (partitions through their parents; the runtimes' own liveness and claimer
+bookkeeping left out) and every sequence, before and after (for a running attempt, after the
+runtime's own completion of it), with only the clocks masked. What awa-sa does not do on
+queue storage is refused, and writes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+import re
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import awa
+import pytest
+import sqlalchemy as sa
+from conftest import QUIESCED_FLIP, _janitor, awa_cli, database_url
+from runtimes import hold_leadership, pg_url
+from sqlalchemy.ext.asyncio import create_async_engine
+
+import awa_sa
+import awa_sa.asyncio as awa_async
+from awa_sa import QueueStorageJobs
+from awa_sa.testing.server import EmbeddedPostgres
+
+pytestmark = pytest.mark.slow  # real awa-pg runtimes
+
+SCHEDULED, SCHEDULED_NEW_LANE, RETRYABLE, AVAILABLE = 1, 2, 3, 4
+_CLOCK = re.compile(
+    r'"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)?\+00"'  # a timestamptz column
+    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?\+00:00"  # an error entry's worker clock
+)
+
+
+@dataclass
+class Side:
+    url: str
+    engine: sa.Engine
+
+
+def _tables(conn: sa.Connection) -> list[str]:
+    return list(
+        conn.execute(
+            sa.text(
+                "SELECT 'awa.' || c.relname FROM pg_class c JOIN pg_namespace n"
+                " ON n.oid = c.relnamespace WHERE n.nspname = 'awa' AND c.relkind IN ('r', 'p')"
+                " AND NOT c.relispartition AND c.relname NOT LIKE 'runtime_%'"
+                " AND c.relname NOT IN ('queue_descriptors', 'job_kind_descriptors',"
+                " 'queue_claimer_leases', 'queue_claimer_state')"
+                " ORDER BY 1"
+            )
+        ).scalars()
+    )
+
+
+def snapshot(engine: sa.Engine) -> dict[str, list[str]]:
+    """Every row of every table and every sequence, as text with the clocks masked."""
+    with engine.connect() as conn:
+        out = {
+            table: sorted(
+                _CLOCK.sub("CLOCK", text)
+                for text in conn.execute(sa.text(f"SELECT t::text FROM {table} t")).scalars()
+            )
+            for table in _tables(conn)
+        }
+        out["sequences"] = [
+            str(tuple(row))
+            for row in conn.execute(
+                sa.text(
+                    "SELECT sequencename, last_value FROM pg_sequences"
+                    " WHERE schemaname = 'awa' ORDER BY 1"
+                )
+            )
+        ]
+    return out
+
+
+def change(before: dict[str, list[str]], after: dict[str, list[str]]) -> dict[str, Any]:
+    return {
+        table: (sorted(set(before[table]) - set(rows)), sorted(set(rows) - set(before[table])))
+        for table, rows in after.items()
+        if rows != before.get(table)
+    }
+
+
+async def _start(side: Side) -> None:
+    """The quick-start order: a runtime first (auto-finalizing), then the jobs."""
+    client = awa.AsyncClient(pg_url(side.url))
+
+    async def retries(job: Any) -> Any:
+        raise RuntimeError("try again")
+
+    client.task(dict, kind="retries", queue="work_q")(retries)
+    await client.start([("work_q", 2)], promote_interval_ms=600_000, heartbeat_interval_ms=600_000)
+    try:
+        later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+        await client.insert(
+            {"n": 1}, kind="idle", queue="idle_q", run_at=later, unique_opts={"by_args": True}
+        )
+        await client.insert(
+            {"n": 2},
+            kind="idle",
+            queue="new_q",
+            priority=3,
+            run_at=later,
+            tags=["t"],
+            metadata={"m": 1},
+        )
+        await client.insert({"n": 3}, kind="retries", queue="work_q", max_attempts=5)
+        await client.insert({"n": 4}, kind="idle", queue="idle_q")
+        for _ in range(1200):
+            with side.engine.connect() as conn:
+                found = conn.execute(
+                    sa.text("SELECT state::text FROM awa.deferred_jobs WHERE job_id = :i"),
+                    {"i": RETRYABLE},
+                ).scalar()
+            if found == "retryable":
+                return
+            await asyncio.sleep(0.05)  # the worker's own pace: no lock to watch here
+        raise AssertionError("the worker did not leave job 3 retryable within 60 s")
+    finally:
+        await client.shutdown()
+        await client.close()
+
+
+@pytest.fixture(scope="module")
+def sides(pg: EmbeddedPostgres, real_template: str) -> Iterator[tuple[Side, Side]]:
+    made = []
+    for _ in range(2):
+        name = f"t_{uuid.uuid4().hex[:16]}"
+        janitor = _janitor(pg, name, template=real_template)
+        janitor.init()
+        url = database_url(pg, name)
+        side = Side(url, sa.create_engine(url))
+        leader = hold_leadership(side.engine)
+        with side.engine.begin() as conn:
+            conn.execute(sa.text("CREATE TABLE public.business (note text)"))
+        asyncio.run(_start(side))
+        with side.engine.connect() as conn:
+            assert (
+                conn.execute(sa.text("SELECT awa.active_queue_storage_schema()")).scalar() == "awa"
+            )
+        made.append((side, janitor, leader))
+    yield made[0][0], made[1][0]
+    for side, janitor, leader in made:
+        leader.close()
+        side.engine.dispose()
+        janitor.drop()
+
+
+def _pg_cancel(url: str, job_id: int) -> Any:
+    async def run() -> Any:
+        client = awa.AsyncClient(pg_url(url))
+        try:
+            return await client.cancel(job_id)
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    "job_id",
+    [SCHEDULED, SCHEDULED_NEW_LANE, RETRYABLE],
+    ids=["scheduled", "scheduled_new_lane", "retryable"],
+)
+def test_cancel_of_a_deferred_job_writes_what_awa_pg_writes(
+    sides: tuple[Side, Side], job_id: int
+) -> None:
+    pg_side, sa_side = sides
+    before = snapshot(pg_side.engine), snapshot(sa_side.engine)
+    got_pg = _pg_cancel(pg_side.url, job_id)
+    with sa_side.engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO public.business VALUES ('paid')"))
+        got_sa = awa_sa.cancel_job(conn, job_id)
+    assert got_sa is not None
+    assert change(before[1], snapshot(sa_side.engine)) == change(
+        before[0], snapshot(pg_side.engine)
+    )
+    assert (got_sa.id, got_sa.kind, got_sa.queue, got_sa.attempt, got_sa.args) == (
+        got_pg.id,
+        got_pg.kind,
+        got_pg.queue,
+        got_pg.attempt,
+        got_pg.args,
+    )
+    assert (got_sa.state, got_sa.storage) == ("cancelled", "awa")
+    assert (got_sa.tags, got_sa.metadata) == (got_pg.tags, got_pg.metadata)
+    with sa_side.engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM public.business")).scalar_one() >= 1
+
+
+def test_what_awa_sa_does_not_do_on_queue_storage_is_refused(sides: tuple[Side, Side]) -> None:
+    _, sa_side = sides
+    before = snapshot(sa_side.engine)
+    refusals: list[tuple[Callable[[sa.Connection], object], str]] = [
+        (lambda c: awa_sa.cancel_job(c, AVAILABLE), "none of its scheduled, retryable or running"),
+        (lambda c: awa_sa.cancel_job(c, 10_000), "none of its scheduled, retryable or running"),
+        (lambda c: awa_sa.retry_job(c, RETRYABLE), "canonical jobs only"),
+        (lambda c: awa_sa.retry_failed(c, kind="idle"), "canonical jobs only"),
+        (lambda c: awa_sa.discard_failed(c, "idle"), "canonical jobs only"),
+    ]
+    for call, message in refusals:
+        with sa_side.engine.begin() as conn, pytest.raises(QueueStorageJobs, match=message):
+            call(conn)
+    assert snapshot(sa_side.engine) == before
+
+
+def test_a_rolled_back_cancel_leaves_the_job_as_it_was(sides: tuple[Side, Side]) -> None:
+    for side in sides:  # on both, so that the twins' ids stay in step
+        with side.engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO awa.jobs (kind, queue, args, state, run_at)"
+                    " VALUES ('idle', 'idle_q', '{}', 'scheduled', now() + interval '1 hour')"
+                )
+            )
+    _, sa_side = sides
+    with sa_side.engine.connect() as conn:
+        job_id = conn.execute(sa.text("SELECT max(job_id) FROM awa.deferred_jobs")).scalar_one()
+    before = snapshot(sa_side.engine)
+    with sa_side.engine.connect() as conn:
+        assert awa_sa.cancel_job(conn, job_id) is not None
+        conn.rollback()
+    # The lane's sequences were ensured (they exist already) and nothing else changed.
+    assert snapshot(sa_side.engine) == before
+
+
+RECEIPT_Q = {"name": "receipt_q", "max_workers": 2}
+"""A queue with the default deadline: a claim writes a ``lease_claims`` receipt."""
+COMPACT_Q = {"name": "compact_q", "max_workers": 2, "deadline_duration_ms": 0}
+"""No deadline: a claim writes one position of a compact ``lease_claim_batches`` row."""
+
+
+async def _cancel_beside_worker(side: Side, by_awa_sa: bool) -> list[Any]:
+    """Two attempts held by a live worker (one receipt of each shape), each cancelled while
+    held; each handler returns once told, and the runtime's completion lands on shutdown."""
+    client = awa.AsyncClient(pg_url(side.url))
+    holding = asyncio.Event()
+    told: list[int] = []
+    runs: list[int] = []
+
+    async def holds(job: Any) -> Any:
+        runs.append(job.id)
+        holding.set()
+        while not job.is_cancelled():  # the handler's own pace, as a real one polls
+            await asyncio.sleep(0.01)
+        told.append(job.id)
+
+    client.task(dict, kind="holds", queue="receipt_q")(holds)
+    client.task(dict, kind="holdc", queue="compact_q")(holds)
+    await client.start(
+        [RECEIPT_Q, COMPACT_Q], promote_interval_ms=600_000, heartbeat_interval_ms=600_000
+    )
+    found: list[Any] = []
+    try:
+        for kind, queue in (("holds", "receipt_q"), ("holdc", "compact_q")):
+            holding.clear()
+            job = await client.insert(
+                {"k": kind}, kind=kind, queue=queue, unique_opts={"by_args": True}
+            )
+            await asyncio.wait_for(holding.wait(), 60)
+            before = await asyncio.to_thread(snapshot, side.engine)
+            got: Any
+            if by_awa_sa:
+                got = await asyncio.to_thread(_sa_cancel, side, job.id)
+            else:
+                got = await client.cancel(job.id)
+            for _ in range(3000):
+                if job.id in told:
+                    break
+                await asyncio.sleep(0.01)  # the handler's pace
+            found.append((job.id, got, before))
+    finally:
+        await client.shutdown()  # the handlers returned: their completions land
+        await client.close()
+    after = await asyncio.to_thread(snapshot, side.engine)
+    return [
+        (job_id, got, change(before, after), job_id in told, runs.count(job_id))
+        for job_id, got, before in found
+    ]
+
+
+def _sa_cancel(side: Side, job_id: int) -> awa_sa.JobRow | None:
+    with side.engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO public.business VALUES ('paid')"))
+        return awa_sa.cancel_job(conn, job_id)
+
+
+def test_a_running_attempt_cancelled_beside_its_worker_writes_what_awa_pg_writes(
+    sides: tuple[Side, Side],
+) -> None:
+    pg_side, sa_side = sides
+    on_pg = asyncio.run(_cancel_beside_worker(pg_side, by_awa_sa=False))
+    on_sa = asyncio.run(_cancel_beside_worker(sa_side, by_awa_sa=True))
+    assert [job_id for job_id, *_ in on_sa] == [job_id for job_id, *_ in on_pg]
+    for (job_id, got_pg, pg_change, pg_told, pg_runs), (
+        _,
+        got_sa,
+        sa_change,
+        sa_told,
+        sa_runs,
+    ) in zip(on_pg, on_sa, strict=True):
+        assert got_sa is not None, job_id
+        assert (got_sa.state, got_sa.storage) == ("cancelled", "awa"), job_id
+        assert (got_sa.id, got_sa.kind, got_sa.queue, got_sa.attempt, got_sa.args) == (
+            got_pg.id,
+            got_pg.kind,
+            got_pg.queue,
+            got_pg.attempt,
+            got_pg.args,
+        )
+        # Told once, ran once; the runtime's completion after the cancel changed nothing.
+        assert (sa_told, sa_runs) == (pg_told, pg_runs) == (True, 1)
+        # The later part of each change includes the second attempt's claim: compared whole.
+        assert sa_change == pg_change, job_id
+        written = [
+            row
+            for row in sa_change["awa.done_entries"][1]
+            if f"({job_id}," in row or f",{job_id}," in row
+        ]
+        assert any("cancelled" in row for row in written), sa_change["awa.done_entries"]
+
+
+def test_in_mixed_transition_a_deferred_job_of_the_routing_schema_is_cancelled_as_awa_pg(
+    pg: EmbeddedPostgres, real_template: str
+) -> None:
+    """Routing flipped to ``awa_qs`` by the real CLI, no runtime: a canonical job enqueued
+    before the flip and a scheduled one after, on both twins. ``cancel_job(1)`` names the
+    routing schema's job 1 on both sides (the planes' ids collide; awa-pg's cancel looks there
+    alone), and the canonical job 1 is left as it was by both."""
+    made = []
+    try:
+        for _ in range(2):
+            name = f"t_{uuid.uuid4().hex[:16]}"
+            janitor = _janitor(pg, name, template=real_template)
+            janitor.init()
+            made.append((database_url(pg, name), janitor))
+        for url, _ in made:
+            asyncio.run(_mixed(url))
+        (pg_url_, _), (sa_url, _) = made
+        engines = [sa.create_engine(pg_url_), sa.create_engine(sa_url)]
+        try:
+            before = [snapshot_of(e) for e in engines]
+            got_pg = _pg_cancel(pg_url_, 1)
+            with engines[1].begin() as conn:
+                got_sa = awa_sa.cancel_job(conn, 1)
+            after = [snapshot_of(e) for e in engines]
+        finally:
+            for e in engines:
+                e.dispose()
+    finally:
+        for _, janitor in made:
+            janitor.drop()
+    assert got_sa is not None
+    assert (got_sa.storage, got_sa.state, got_sa.kind) == ("awa_qs", "cancelled", "later")
+    assert (got_pg.id, got_pg.kind) == (got_sa.id, got_sa.kind)
+    assert change(before[1], after[1]) == change(before[0], after[0])
+    assert change(before[1], after[1])["awa_qs.done_entries"][1]
+    assert "awa.jobs_hot" not in change(before[1], after[1])
+
+
+async def _mixed(url: str) -> None:
+    client = awa.AsyncClient(pg_url(url))
+    try:
+        await client.insert({"n": 1}, kind="before", queue="q")  # canonical job 1
+    finally:
+        await client.close()
+    env_url = pg_url(url)
+    for args in (
+        ("storage", "prepare", "--engine", "queue_storage", "--details", '{"schema": "awa_qs"}'),
+        QUIESCED_FLIP,
+    ):
+        await asyncio.to_thread(_awa_cli, env_url, args)
+    client = awa.AsyncClient(pg_url(url))
+    try:
+        later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+        await client.insert({"n": 2}, kind="later", queue="q", run_at=later)  # awa_qs job 1
+    finally:
+        await client.close()
+
+
+def _awa_cli(url: str, args: tuple[str, ...]) -> None:
+    env = {**os.environ, "DATABASE_URL": url, "RUST_LOG": "warn"}
+    subprocess.run([awa_cli(), *args], env=env, check=True, capture_output=True, timeout=120)
+
+
+def snapshot_of(engine: sa.Engine) -> dict[str, list[str]]:
+    """:func:`snapshot` over both schemas a mixed_transition cluster writes."""
+    out = snapshot(engine)
+    with engine.connect() as conn:
+        for table in ("jobs_hot", "scheduled_jobs"):
+            out[f"awa.{table}"] = sorted(
+                _CLOCK.sub("CLOCK", t)
+                for t in conn.execute(sa.text(f"SELECT t::text FROM awa.{table} t")).scalars()
+            )
+        for table in ("deferred_jobs", "done_entries", "queue_terminal_count_deltas"):
+            out[f"awa_qs.{table}"] = sorted(
+                _CLOCK.sub("CLOCK", t)
+                for t in conn.execute(sa.text(f"SELECT t::text FROM awa_qs.{table} t")).scalars()
+            )
+    return out
+
+
+def test_the_async_twin_cancels_on_queue_storage_with_asyncpg(sides: tuple[Side, Side]) -> None:
+    for side in sides:  # on both, so that the twins' ids stay in step
+        with side.engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO awa.jobs (kind, queue, args, state, run_at, tags, metadata)"
+                    " VALUES ('idle', 'idle_q', '{\"a\": [1]}', 'scheduled',"
+                    " now() + interval '1 hour', '{x}', '{\"m\": 2}')"
+                )
+            )
+    _, sa_side = sides
+    with sa_side.engine.connect() as conn:
+        job_id = conn.execute(sa.text("SELECT max(job_id) FROM awa.deferred_jobs")).scalar_one()
+    url = sa.make_url(sa_side.url).set(drivername="postgresql+asyncpg")
+
+    async def cancel() -> awa_sa.JobRow | None:
+        engine = create_async_engine(url)
+        try:
+            async with engine.begin() as conn:
+                return await awa_async.cancel_job(conn, job_id)
+        finally:
+            await engine.dispose()
+
+    got = asyncio.run(cancel())
+    assert got is not None
+    assert (got.id, got.state, got.storage) == (job_id, "cancelled", "awa")
+    assert (got.args, got.tags, got.metadata) == ({"a": [1]}, ["x"], {"m": 2})

@@ -42,6 +42,32 @@ def pytest_report_header() -> str:
     return f"awa-sa server: PostgreSQL {found.version} ({found.source}: {found.bindir})"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, keep together the tests of a module that share a set-up of its own.
+
+    A fixture of module or session scope defined in a test module (a seeded cluster, a
+    PgBouncer, one run of the bench) is built once by every worker that runs one of its tests.
+    ``--dist loadgroup`` (``./dev test``, CI) sends a group to one worker: such a module's tests
+    are its group, so the set-up is built once, as in a run without workers. Every other test
+    goes to whichever worker is free.
+
+    The ``slow`` tests go first (``--no-loadscope-reorder`` keeps this order): a minute-long test
+    started last would run on alone while the other workers sit idle.
+    """
+    if config.getoption("dist", "no") == "no":
+        return
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        # pytest keeps the fixtures an item uses only privately; without them nothing is grouped,
+        # and each worker builds the shared set-up for itself (slower, never wrong).
+        info = getattr(item, "_fixtureinfo", None)
+        definitions = info.name2fixturedefs.values() if info is not None else ()
+        if any(d[-1].scope != "function" and d[-1].baseid == module for d in definitions):
+            item.add_marker(pytest.mark.xdist_group(module))
+
+
 @pytest.fixture(scope="session")
 def pg(awa_databases: Databases) -> EmbeddedPostgres:
     """The session's throwaway server: the testing kit's, so a run starts one server."""

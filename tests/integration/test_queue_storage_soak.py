@@ -591,6 +591,8 @@ def test_rings_rotate_and_prune_around_attempts_awa_sa_settled(
             # stay, as the prune leaves them); the terminal count must not change.
             failed = sum(1 for name, _ in jobs.values() if PLANS[name].ends == "failed")
             left = ROTATING_JOBS
+            # The prune's own bound: on a loaded machine settling may take most of the first.
+            deadline = time.monotonic() + WAIT_SECS
             while time.monotonic() < deadline:
                 [row] = rows(real_engine, PRUNED)
                 left = row["terminal"]

@@ -159,8 +159,10 @@ def run_awa(pg: EmbeddedPostgres, dbname: str, *args: str) -> str:
 def _run_awa(pg: EmbeddedPostgres, dbname: str, *args: str) -> str:
     env = {**os.environ, "DATABASE_URL": pg.database_url(dbname, "postgres")}
     env.setdefault("RUST_LOG", "warn")
+    # The bound only stops a hang: `awa migrate` takes seconds on a quiet machine, and CI runs its
+    # jobs and their xdist workers side by side on 2 cores, where 120 s is within reach.
     proc = subprocess.run(
-        [awa_cli(), *args], env=env, capture_output=True, text=True, check=False, timeout=120
+        [awa_cli(), *args], env=env, capture_output=True, text=True, check=False, timeout=600
     )
     if proc.returncode != 0:
         raise RuntimeError(f"awa {' '.join(args)} failed: {proc.stderr.strip()}")

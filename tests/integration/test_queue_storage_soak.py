@@ -78,8 +78,9 @@ makes a shorter run, with no floor)."""
 RUNTIMES = 3
 WORKERS = 4
 """Handlers per queue per runtime."""
-WAIT_SECS = 75.0
-"""Upper bound for the whole run to settle: a hang fails instead of stalling the suite."""
+WAIT_SECS = 300.0
+"""Upper bound for the whole run to settle: a hang fails instead of stalling the suite. The wait
+ends once all is settled; 75 s was overrun by a CI run on 2 cores loaded twenty deep."""
 
 
 @dataclass

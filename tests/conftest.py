@@ -42,6 +42,44 @@ def pytest_report_header() -> str:
     return f"awa-sa server: PostgreSQL {found.version} ({found.source}: {found.bindir})"
 
 
+QUIET = (
+    "tests/integration/test_queue_storage_worker.py",
+    "tests/integration/test_queue_storage_soak.py",
+)
+"""Modules whose real awa-pg runtimes each load both cores (three at once in the soak), and whose
+reads of the runtime's rows were seen to go wrong with another such module running beside them
+on the other workers: one group, so they run one after the other on one worker."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, keep together the tests of a module that share a set-up of its own.
+
+    A fixture of module or session scope defined in a test module (a seeded cluster, a
+    PgBouncer, one run of the bench) is built once by every worker that runs one of its tests.
+    ``--dist loadgroup`` (``./dev test``, CI) sends a group to one worker: such a module's tests
+    are its group, so the set-up is built once, as in a run without workers. Every other test
+    goes to whichever worker is free.
+
+    The ``slow`` tests go first (``--no-loadscope-reorder`` keeps this order): a minute-long test
+    started last would run on alone while the other workers sit idle.
+    """
+    if config.getoption("dist", "no") == "no":
+        return
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        if module in QUIET:
+            item.add_marker(pytest.mark.xdist_group("quiet"))
+            continue
+        # pytest keeps the fixtures an item uses only privately; without them nothing is grouped,
+        # and each worker builds the shared set-up for itself (slower, never wrong).
+        info = getattr(item, "_fixtureinfo", None)
+        definitions = info.name2fixturedefs.values() if info is not None else ()
+        if any(d[-1].scope != "function" and d[-1].baseid == module for d in definitions):
+            item.add_marker(pytest.mark.xdist_group(module))
+
+
 @pytest.fixture(scope="session")
 def pg(awa_databases: Databases) -> EmbeddedPostgres:
     """The session's throwaway server: the testing kit's, so a run starts one server."""
@@ -121,8 +159,10 @@ def run_awa(pg: EmbeddedPostgres, dbname: str, *args: str) -> str:
 def _run_awa(pg: EmbeddedPostgres, dbname: str, *args: str) -> str:
     env = {**os.environ, "DATABASE_URL": pg.database_url(dbname, "postgres")}
     env.setdefault("RUST_LOG", "warn")
+    # The bound only stops a hang: `awa migrate` takes seconds on a quiet machine, and CI runs its
+    # jobs and their xdist workers side by side on 2 cores, where 120 s is within reach.
     proc = subprocess.run(
-        [awa_cli(), *args], env=env, capture_output=True, text=True, check=False, timeout=120
+        [awa_cli(), *args], env=env, capture_output=True, text=True, check=False, timeout=600
     )
     if proc.returncode != 0:
         raise RuntimeError(f"awa {' '.join(args)} failed: {proc.stderr.strip()}")

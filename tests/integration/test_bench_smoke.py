@@ -78,7 +78,7 @@ def _bench(directory: Path, *args: str) -> tuple[dict[str, Any], str]:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,  # a hang's bound: 300 s was overrun on 2 cores loaded twenty deep
         check=False,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]

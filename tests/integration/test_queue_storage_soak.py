@@ -78,8 +78,9 @@ makes a shorter run, with no floor)."""
 RUNTIMES = 3
 WORKERS = 4
 """Handlers per queue per runtime."""
-WAIT_SECS = 75.0
-"""Upper bound for the whole run to settle: a hang fails instead of stalling the suite."""
+WAIT_SECS = 300.0
+"""Upper bound for the whole run to settle: a hang fails instead of stalling the suite. The wait
+ends once all is settled; 75 s was overrun by a CI run on 2 cores loaded twenty deep."""
 
 
 @dataclass
@@ -591,6 +592,8 @@ def test_rings_rotate_and_prune_around_attempts_awa_sa_settled(
             # stay, as the prune leaves them); the terminal count must not change.
             failed = sum(1 for name, _ in jobs.values() if PLANS[name].ends == "failed")
             left = ROTATING_JOBS
+            # The prune's own bound: on a loaded machine settling may take most of the first.
+            deadline = time.monotonic() + WAIT_SECS
             while time.monotonic() < deadline:
                 [row] = rows(real_engine, PRUNED)
                 left = row["terminal"]

@@ -35,6 +35,7 @@ from awa_sa.statements.admin_canonical import (
     job_rows,
     retry_failed_canonical,
     retry_job_canonical,
+    unique_holder_canonical,
 )
 from awa_sa.statements.admin_queue_storage import (
     cancel_deferred,
@@ -55,6 +56,7 @@ from awa_sa.statements.duplicate import (
     Lane,
 )
 from awa_sa.statements.receipt_settles import RECEIPT_LOCKS, SETTLE_RECEIPT, ReceiptItem
+from awa_sa.unique import to_json, unique_key, unique_of
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -152,6 +154,31 @@ def _cancel_on_queue_storage(conn: Connection, schema: str, job_id: int) -> list
     at_ring = {**binds, "b_ready_slot": ring.current_slot, "b_ready_generation": ring.generation}
     rows = conn.execute(cancel_deferred(), at_ring, execution_options=options).all()
     return [_JobFields(done_job_fields(row), schema) for row in rows]
+
+
+def cancel_by_unique_key_step(
+    kind: object, queue: object, args: object, period_bucket: object
+) -> Step[JobRow | None]:
+    """The validated step of :func:`cancel_by_unique_key`, for either face."""
+    name = _text("kind", kind)
+    lane = None if queue is None else _text("queue", queue)
+    args_json = "" if args is None else to_json(args)
+    parts = {"by_args": args is not None, "by_queue": lane is not None, "by_period": period_bucket}
+    checked = unique_of(parts)  # a mapping always answers a Unique, or raises
+    assert checked is not None
+    binds = {"b_unique_key": unique_key(name, lane or "", args_json, checked)}
+
+    def step(conn: Connection) -> JobRow | None:
+        routed = run(conn, ROUTING_LOCK, None)
+        held = conn.execute(unique_holder_canonical(routed=routed), binds).one()
+        if held.routing_schema is not None:
+            why = "awa-sa finds a job by its unique key on the canonical plane only"
+            raise QueueStorageJobs("cancel_by_unique_key", held.routing_schema, why)
+        if held.job_id is None:
+            return None
+        return cancel_job_step(held.job_id)(conn)
+
+    return step
 
 
 def retry_job_step(job_id: object) -> Step[JobRow | None]:
@@ -259,6 +286,27 @@ def cancel_job(bind: Engine | Connection | Session, job_id: int) -> JobRow | Non
     """
     check_bind(bind)
     return administered(bind, cancel_job_step(job_id))
+
+
+def cancel_by_unique_key(
+    bind: Engine | Connection | Session,
+    kind: str,
+    *,
+    queue: str | None = None,
+    args: Any | None = None,
+    period_bucket: int | None = None,
+) -> JobRow | None:
+    """Cancel the oldest job that is not terminal whose unique key is the one awa-pg computes
+    from *kind* and whichever of *queue*, *args* and *period_bucket* are given, as awa-pg's
+    ``Client.cancel_by_unique_key`` does; its row after, or None when no job holds that key.
+
+    Pass exactly the parts the job's ``unique_opts`` hashed (``by_queue``, ``by_args``,
+    ``by_period``), else the key differs and nothing is found. The cancel is
+    :func:`cancel_job`'s, with its ``bind`` and its refusals; once routing is queue storage
+    the call raises :class:`~awa_sa.errors.QueueStorageJobs` (docs/administer.md).
+    """
+    check_bind(bind)
+    return administered(bind, cancel_by_unique_key_step(kind, queue, args, period_bucket))
 
 
 def retry_job(bind: Engine | Connection | Session, job_id: int) -> JobRow | None:

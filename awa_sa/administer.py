@@ -44,6 +44,7 @@ from awa_sa.statements.admin_queue_storage import (
     claims_cancelled_only,
     deferred_lane,
     done_job_fields,
+    unique_holders,
 )
 from awa_sa.statements.canonical import ROUTING_LOCK
 from awa_sa.statements.duplicate import (
@@ -172,13 +173,29 @@ def cancel_by_unique_key_step(
         routed = run(conn, ROUTING_LOCK, None)
         held = conn.execute(unique_holder_canonical(routed=routed), binds).one()
         if held.routing_schema is not None:
-            why = "awa-sa finds a job by its unique key on the canonical plane only"
-            raise QueueStorageJobs("cancel_by_unique_key", held.routing_schema, why)
+            job_id = _unique_holder_on_queue_storage(conn, held.routing_schema, binds)
+            return None if job_id is None else cancel_job_step(job_id)(conn)
         if held.job_id is None:
             return None
         return cancel_job_step(held.job_id)(conn)
 
     return step
+
+
+def _unique_holder_on_queue_storage(
+    conn: Connection, schema: str, binds: Mapping[str, Any]
+) -> int | None:
+    """awa-pg's pick on queue storage where awa-sa can tell it: the lowest deferred job with
+    the key when no lane row of a lower id holds it, or none at all; else refused."""
+    options = {"schema_translate_map": translate_map(schema)}
+    held = conn.execute(unique_holders(), binds, execution_options=options).one()
+    if held.lane_id is None or (held.deferred_id is not None and held.deferred_id <= held.lane_id):
+        return None if held.deferred_id is None else int(held.deferred_id)
+    why = (
+        f"job {held.lane_id} holds the key in a lane; awa-sa cancels by unique key only"
+        " a scheduled or retryable job older than every lane row holding it"
+    )
+    raise QueueStorageJobs("cancel_by_unique_key", schema, why)
 
 
 def retry_job_step(job_id: object) -> Step[JobRow | None]:

@@ -163,6 +163,12 @@ def cancel_by_unique_key_step(
     """The validated step of :func:`cancel_by_unique_key`, for either face."""
     name = _text("kind", kind)
     lane = None if queue is None else _text("queue", queue)
+    if period_bucket is not None and (
+        not isinstance(period_bucket, int)
+        or isinstance(period_bucket, bool)
+        or not -BIGINT_MAX - 1 <= period_bucket <= BIGINT_MAX
+    ):
+        raise ValidationError("period_bucket must be an int in the signed 64-bit range")
     args_json = "" if args is None else to_json(args)
     parts = {"by_args": args is not None, "by_queue": lane is not None, "by_period": period_bucket}
     checked = unique_of(parts)  # a mapping always answers a Unique, or raises

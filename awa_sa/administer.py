@@ -1,9 +1,11 @@
-"""Administering jobs in the caller's transaction: cancel, retry, bulk retry and discard.
+"""Administering jobs in the caller's transaction: cancel (by id or unique key), retry, bulk
+retry and discard.
 
-awa-pg 0.6.9's ``Client.cancel``, ``retry``, ``retry_failed`` and ``discard_failed`` run on the
-client's own pool, each in a transaction of its own. These do what they write, on a bind's
-transaction (docs/administer.md): a service can cancel a job in the same commit as the
-business row that makes it moot, and a rollback leaves the job as it was.
+awa-pg 0.6.9's ``Client.cancel``, ``cancel_by_unique_key``, ``retry``, ``retry_failed`` and
+``discard_failed`` run on the client's own pool, each in a transaction of its own. These do
+what they write, on a bind's transaction (docs/administer.md): a service can cancel a job in
+the same commit as the business row that makes it moot, and a rollback leaves the job as it
+was.
 
 Each call validates its input before any connection is touched, then, in the bind's form
 (:func:`awa_sa.forms.administered`), share-locks the transition singleton (the routing lock,

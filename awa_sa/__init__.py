@@ -22,7 +22,14 @@ The same attempt settled again, now in a batch: the guard no longer matches, not
     [Stale()]
 """
 
-from awa_sa.administer import RetriedFailed, cancel_job, discard_failed, retry_failed, retry_job
+from awa_sa.administer import (
+    RetriedFailed,
+    cancel_by_unique_key,
+    cancel_job,
+    discard_failed,
+    retry_failed,
+    retry_job,
+)
 from awa_sa.enqueueing import enqueue, enqueue_many
 from awa_sa.errors import (
     AmbiguousAttempt,
@@ -117,6 +124,7 @@ __all__ = [
     "UniqueConflict",
     "ValidationError",
     "attempt_of",
+    "cancel_by_unique_key",
     "cancel_job",
     "discard_failed",
     "enqueue",

@@ -1,9 +1,11 @@
-"""Administering jobs in the caller's transaction: cancel, retry, bulk retry and discard.
+"""Administering jobs in the caller's transaction: cancel (by id or unique key), retry, bulk
+retry and discard.
 
-awa-pg 0.6.9's ``Client.cancel``, ``retry``, ``retry_failed`` and ``discard_failed`` run on the
-client's own pool, each in a transaction of its own. These do what they write, on a bind's
-transaction (docs/administer.md): a service can cancel a job in the same commit as the
-business row that makes it moot, and a rollback leaves the job as it was.
+awa-pg 0.6.9's ``Client.cancel``, ``cancel_by_unique_key``, ``retry``, ``retry_failed`` and
+``discard_failed`` run on the client's own pool, each in a transaction of its own. These do
+what they write, on a bind's transaction (docs/administer.md): a service can cancel a job in
+the same commit as the business row that makes it moot, and a rollback leaves the job as it
+was.
 
 Each call validates its input before any connection is touched, then, in the bind's form
 (:func:`awa_sa.forms.administered`), share-locks the transition singleton (the routing lock,
@@ -35,6 +37,7 @@ from awa_sa.statements.admin_canonical import (
     job_rows,
     retry_failed_canonical,
     retry_job_canonical,
+    unique_holder_canonical,
 )
 from awa_sa.statements.admin_queue_storage import (
     cancel_deferred,
@@ -43,6 +46,7 @@ from awa_sa.statements.admin_queue_storage import (
     claims_cancelled_only,
     deferred_lane,
     done_job_fields,
+    unique_holders,
 )
 from awa_sa.statements.canonical import ROUTING_LOCK
 from awa_sa.statements.duplicate import (
@@ -55,6 +59,7 @@ from awa_sa.statements.duplicate import (
     Lane,
 )
 from awa_sa.statements.receipt_settles import RECEIPT_LOCKS, SETTLE_RECEIPT, ReceiptItem
+from awa_sa.unique import to_json, unique_key, unique_of
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -152,6 +157,53 @@ def _cancel_on_queue_storage(conn: Connection, schema: str, job_id: int) -> list
     at_ring = {**binds, "b_ready_slot": ring.current_slot, "b_ready_generation": ring.generation}
     rows = conn.execute(cancel_deferred(), at_ring, execution_options=options).all()
     return [_JobFields(done_job_fields(row), schema) for row in rows]
+
+
+def cancel_by_unique_key_step(
+    kind: object, queue: object, args: object, period_bucket: object
+) -> Step[JobRow | None]:
+    """The validated step of :func:`cancel_by_unique_key`, for either face."""
+    name = _text("kind", kind)
+    lane = None if queue is None else _text("queue", queue)
+    if period_bucket is not None and (
+        not isinstance(period_bucket, int)
+        or isinstance(period_bucket, bool)
+        or not -BIGINT_MAX - 1 <= period_bucket <= BIGINT_MAX
+    ):
+        raise ValidationError("period_bucket must be an int in the signed 64-bit range")
+    args_json = "" if args is None else to_json(args)
+    parts = {"by_args": args is not None, "by_queue": lane is not None, "by_period": period_bucket}
+    checked = unique_of(parts)  # a mapping always answers a Unique, or raises
+    assert checked is not None
+    binds = {"b_unique_key": unique_key(name, lane or "", args_json, checked)}
+
+    def step(conn: Connection) -> JobRow | None:
+        routed = run(conn, ROUTING_LOCK, None)
+        held = conn.execute(unique_holder_canonical(routed=routed), binds).one()
+        if held.routing_schema is not None:
+            job_id = _unique_holder_on_queue_storage(conn, held.routing_schema, binds)
+            return None if job_id is None else cancel_job_step(job_id)(conn)
+        if held.job_id is None:
+            return None
+        return cancel_job_step(held.job_id)(conn)
+
+    return step
+
+
+def _unique_holder_on_queue_storage(
+    conn: Connection, schema: str, binds: Mapping[str, Any]
+) -> int | None:
+    """awa-pg's pick on queue storage where awa-sa can tell it: the lowest deferred job with
+    the key when no lane row of a lower id holds it, or none at all; else refused."""
+    options = {"schema_translate_map": translate_map(schema)}
+    held = conn.execute(unique_holders(), binds, execution_options=options).one()
+    if held.lane_id is None or (held.deferred_id is not None and held.deferred_id <= held.lane_id):
+        return None if held.deferred_id is None else int(held.deferred_id)
+    why = (
+        f"job {held.lane_id} holds the key in a lane; awa-sa cancels by unique key only"
+        " a scheduled or retryable job older than every lane row holding it"
+    )
+    raise QueueStorageJobs("cancel_by_unique_key", schema, why)
 
 
 def retry_job_step(job_id: object) -> Step[JobRow | None]:
@@ -259,6 +311,27 @@ def cancel_job(bind: Engine | Connection | Session, job_id: int) -> JobRow | Non
     """
     check_bind(bind)
     return administered(bind, cancel_job_step(job_id))
+
+
+def cancel_by_unique_key(
+    bind: Engine | Connection | Session,
+    kind: str,
+    *,
+    queue: str | None = None,
+    args: Any | None = None,
+    period_bucket: int | None = None,
+) -> JobRow | None:
+    """Cancel the oldest job that is not terminal whose unique key is the one awa-pg computes
+    from *kind* and whichever of *queue*, *args* and *period_bucket* are given, as awa-pg's
+    ``Client.cancel_by_unique_key`` does; its row after, or None when no job holds that key.
+
+    Pass exactly the parts the job's ``unique_opts`` hashed (``by_queue``, ``by_args``,
+    ``by_period``), else the key differs and nothing is found. The cancel is
+    :func:`cancel_job`'s, with its ``bind`` and its refusals; once routing is queue storage
+    the call raises :class:`~awa_sa.errors.QueueStorageJobs` (docs/administer.md).
+    """
+    check_bind(bind)
+    return administered(bind, cancel_by_unique_key_step(kind, queue, args, period_bucket))
 
 
 def retry_job(bind: Engine | Connection | Session, job_id: int) -> JobRow | None:

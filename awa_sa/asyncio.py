@@ -44,6 +44,7 @@ _T = TypeVar("_T")
 
 __all__ = [
     "attempt_of",
+    "cancel_by_unique_key",
     "cancel_job",
     "discard_failed",
     "enqueue",
@@ -199,6 +200,19 @@ async def cancel_job(
 ) -> JobRow | None:
     """Async :func:`awa_sa.cancel_job`; same arguments, result and errors."""
     return await _administered(bind, administer.cancel_job_step(job_id))
+
+
+async def cancel_by_unique_key(
+    bind: AsyncEngine | AsyncConnection | AsyncSession,
+    kind: str,
+    *,
+    queue: str | None = None,
+    args: Any | None = None,
+    period_bucket: int | None = None,
+) -> JobRow | None:
+    """Async :func:`awa_sa.cancel_by_unique_key`; same arguments, result and errors."""
+    step = administer.cancel_by_unique_key_step(kind, queue, args, period_bucket)
+    return await _administered(bind, step)
 
 
 async def retry_job(

@@ -25,6 +25,7 @@ from sqlalchemy import (
     CTE,
     BigInteger,
     ColumnElement,
+    LargeBinary,
     Select,
     Table,
     Text,
@@ -236,3 +237,20 @@ def job_rows(rows: Sequence[Any], storage: str) -> list[JobRow]:
         fields["unique_key"] = None if fields["unique_key"] is None else bytes(fields["unique_key"])
         found.append(JobRow(**fields, storage=storage))
     return sorted(found, key=lambda job: job.id)
+
+
+@statement
+def unique_holder_canonical(*, routed: bool) -> Select[Any]:
+    """The routing schema, and the oldest canonical job with key ``b_unique_key`` that is not
+    terminal (``job_id``, NULL when none), as awa-pg's ``cancel_by_unique_key`` picks it: the
+    lowest id of either table, read without a lock (the cancel then locks and re-checks it)."""
+    head = _routing(routed)
+    key = bindparam("b_unique_key", type_=LargeBinary)
+    found = [
+        select(table.c.id).where(
+            (table.c.unique_key == key) & table.c.state.not_in(_states(TERMINAL))
+        )
+        for table in (jobs_hot, scheduled_jobs)
+    ]
+    oldest = found[0].union_all(found[1]).order_by("id").limit(literal_column("1")).subquery("held")
+    return select(head.c.routing_schema, select(oldest.c.id).scalar_subquery().label("job_id"))

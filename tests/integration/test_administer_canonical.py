@@ -525,3 +525,64 @@ def test_bulk_retry_and_discard_write_what_awa_pg_writes(
         sides, lambda c: c.discard_failed("junk"), lambda conn: awa_sa.discard_failed(conn, "junk")
     )
     assert got == (0, 0)
+
+
+REMIND = {"order": 42, "note": "ß", "at": [1, 2.5, None]}
+"""Keys out of order and a non-ASCII string: the key hashes awa-pg's JSON text of them."""
+PER_QUEUE = {"by_args": True, "by_queue": True}
+PER_PERIOD = {"by_args": False, "by_period": 7}
+NO_CLAIM = {"by_args": True, "states": 1 << 3}
+"""Claims the key only once completed: two live jobs hold the same key, neither in the claims."""
+
+
+def enqueue_twins(sides: tuple[Side, Side]) -> list[int]:
+    """The same unique jobs on both clusters, in the same order: the same ids."""
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    made: list[list[int]] = []
+    for side in sides:
+        ids = []
+        for args, unique, run_at in (
+            (REMIND, PER_QUEUE, None),
+            ({"n": 0}, PER_PERIOD, later),
+            ({"twice": True}, NO_CLAIM, None),
+            ({"twice": True}, NO_CLAIM, later),
+        ):
+            job = pg_call(
+                side.url,
+                lambda c, a=args, u=unique, r=run_at: c.insert(  # type: ignore[misc]
+                    a, kind="remind", queue=IDLE, unique_opts=u, run_at=r
+                ),
+            )
+            ids.append(job.id)
+        side.notices()
+        made.append(ids)
+    assert made[0] == made[1]
+    return made[0]
+
+
+def test_cancel_by_unique_key_cancels_what_awa_pg_cancels(
+    live: dict[str, Any], sides: tuple[Side, Side]
+) -> None:
+    per_queue, per_period, first, second = enqueue_twins(sides)
+    held = {job for _, job in snapshot(sides[1].engine)["claims"]}
+    assert per_queue in held
+    assert not held & {first, second}
+    steps: list[tuple[dict[str, Any], int | None]] = [
+        ({"args": REMIND}, None),  # the queue left out: another key, nothing found
+        ({"queue": IDLE, "args": REMIND}, per_queue),
+        ({"queue": IDLE, "args": REMIND}, None),  # cancelled: terminal, no longer found
+        ({"period_bucket": 7}, per_period),  # scheduled
+        ({"args": {"twice": True}}, first),  # the oldest of two live holders
+        ({"args": {"twice": True}}, second),
+        ({"args": {"twice": True}}, None),
+    ]
+    for parts, cancelled in steps:
+        got_pg, got_sa = twin_step(
+            sides,
+            lambda c, p=parts: c.cancel_by_unique_key("remind", **p),  # type: ignore[misc]
+            lambda conn, p=parts: awa_sa.cancel_by_unique_key(conn, "remind", **p),  # type: ignore[misc]
+        )
+        assert job_of_sa(got_sa) == job_of_pg(got_pg), parts
+        assert (None if got_sa is None else (got_sa.id, got_sa.state)) == (
+            None if cancelled is None else (cancelled, "cancelled")
+        ), parts

@@ -2,11 +2,11 @@
 
 Each sync driver (psycopg 3, psycopg2, pg8000) with an Engine, a Connection and a Session, and
 each async one (psycopg 3, asyncpg) with an AsyncEngine, AsyncConnection and AsyncSession,
-cancels a job, retries it, retries and discards failed jobs, on one clone of the Alembic
-fixture: the rows read back, and the typed results equal psycopg 3's Engine form's but for the
-ids and clocks. What awa-pg's real Client writes is test_administer_canonical.py; here, the
-forms, the refusals (queue-storage routing on both kinds of cluster, AUTOCOMMIT, bad input)
-and that nothing is written when refused.
+cancels a job (by id and by unique key), retries it, retries and discards failed jobs, on one
+clone of the Alembic fixture: the rows read back, and the typed results equal psycopg 3's
+Engine form's but for the ids and clocks. What awa-pg's real Client writes is
+test_administer_canonical.py; here, the forms, the refusals (queue-storage routing on both
+kinds of cluster, AUTOCOMMIT, bad input) and that nothing is written when refused.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import awa_sa
 import awa_sa.asyncio as awa_async
 from awa_sa import JobRow, QueueStorageJobs, RetriedFailed, UniqueConflict, ValidationError
 from awa_sa.testing.server import EmbeddedPostgres
+from awa_sa.unique import Unique, to_json, unique_key
 
 SYNC = ("psycopg", "psycopg2", "pg8000")
 ASYNC = ("psycopg_async", "asyncpg")
@@ -54,6 +55,11 @@ def url(pg: EmbeddedPostgres, fixture_template: str) -> Iterator[str]:
     janitor.drop()
 
 
+def _key(tag: str) -> bytes:
+    """awa-pg's key of kind *tag* with args ``{"n": 2}`` (``by_args``, the default)."""
+    return unique_key(tag, "", to_json({"n": 2}), Unique())
+
+
 def _seed(engine: sa.Engine, tag: str) -> dict[str, int]:
     """An available job and two failed ones of kind *tag*, shaped alike for every form."""
     with engine.begin() as conn:
@@ -72,6 +78,13 @@ def _seed(engine: sa.Engine, tag: str) -> dict[str, int]:
             "failed": insert_job(conn, state="failed", **{**shape, "unique_key": None}),
             "failed2": insert_job(conn, state="failed", **{**shape, "unique_key": None}),
             "junk": insert_job(conn, state="failed", **{**shape, "kind": f"{tag}_junk"}),
+            "keyed": insert_job(
+                conn,
+                state="available",
+                attempt=0,
+                run_lease=0,
+                **{**shape, "args": '{"n": 2}', "unique_key": _key(tag)},
+            ),
         }
 
 
@@ -84,6 +97,8 @@ def _walk(verb: Callable[..., Any], jobs: dict[str, int], tag: str) -> list[Any]
         verb(awa_sa.retry_failed, awa_async.retry_failed, kind=tag),
         verb(awa_sa.cancel_job, awa_async.cancel_job, jobs["failed"]),
         verb(awa_sa.discard_failed, awa_async.discard_failed, f"{tag}_junk"),
+        verb(awa_sa.cancel_by_unique_key, awa_async.cancel_by_unique_key, tag, args={"n": 2}),
+        verb(awa_sa.cancel_by_unique_key, awa_async.cancel_by_unique_key, tag, args={"n": 2}),
     ]
 
 
@@ -181,6 +196,7 @@ def test_every_form_and_driver_administers_alike(
             jobs["available"]: "available",
             jobs["failed"]: "cancelled",
             jobs["failed2"]: "available",
+            jobs["keyed"]: "cancelled",
         }
     finally:
         engine.dispose()

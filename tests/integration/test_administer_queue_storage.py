@@ -447,3 +447,66 @@ def test_the_async_twin_cancels_on_queue_storage_with_asyncpg(sides: tuple[Side,
     assert got is not None
     assert (got.id, got.state, got.storage) == (job_id, "cancelled", "awa")
     assert (got.args, got.tags, got.metadata) == ({"a": [1]}, ["x"], {"m": 2})
+
+
+def test_cancel_by_unique_key_on_queue_storage_writes_what_awa_pg_writes(
+    sides: tuple[Side, Side],
+) -> None:
+    """A scheduled job found by its key is cancelled as awa-pg cancels it, by either face; a key
+    an older available job holds is refused (awa-pg tombstones its ready row); no key, None."""
+
+    async def on_pg(url: str, call: Callable[[awa.AsyncClient], Any]) -> Any:
+        client = awa.AsyncClient(pg_url(url))
+        try:
+            return await call(client)
+        finally:
+            await client.close()
+
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    for side in sides:  # on both, so that the twins' ids stay in step
+        for args, run_at in (({"lane": 1}, None), ({"n": 99}, later), ({"n": 98}, later)):
+            asyncio.run(
+                on_pg(
+                    side.url,
+                    lambda c, a=args, r=run_at: c.insert(  # type: ignore[misc]
+                        a, kind="keyed", queue="idle_q", run_at=r, unique_opts={}
+                    ),
+                )
+            )
+    pg_side, sa_side = sides
+    before = snapshot(pg_side.engine), snapshot(sa_side.engine)
+    got_pg = asyncio.run(
+        on_pg(pg_side.url, lambda c: c.cancel_by_unique_key("keyed", args={"n": 99}))
+    )
+    with sa_side.engine.begin() as conn:
+        got_sa = awa_sa.cancel_by_unique_key(conn, "keyed", args={"n": 99})
+    assert got_sa is not None
+    assert (got_sa.id, got_sa.state, got_sa.args) == (got_pg.id, "cancelled", got_pg.args)
+    assert change(before[1], snapshot(sa_side.engine)) == change(
+        before[0], snapshot(pg_side.engine)
+    )
+    url = sa.make_url(sa_side.url).set(drivername="postgresql+asyncpg")
+
+    async def on_sa(args: dict[str, Any]) -> awa_sa.JobRow | None:
+        engine = create_async_engine(url)
+        try:
+            async with engine.begin() as conn:
+                return await awa_async.cancel_by_unique_key(conn, "keyed", args=args)
+        finally:
+            await engine.dispose()
+
+    before = snapshot(pg_side.engine), snapshot(sa_side.engine)
+    got_pg = asyncio.run(
+        on_pg(pg_side.url, lambda c: c.cancel_by_unique_key("keyed", args={"n": 98}))
+    )
+    got_sa = asyncio.run(on_sa({"n": 98}))
+    assert got_sa is not None
+    assert (got_sa.id, got_sa.state, got_sa.storage) == (got_pg.id, "cancelled", "awa")
+    assert change(before[1], snapshot(sa_side.engine)) == change(
+        before[0], snapshot(pg_side.engine)
+    )
+    before = snapshot(pg_side.engine), snapshot(sa_side.engine)
+    assert asyncio.run(on_sa({"n": 98})) is None  # cancelled: no longer found
+    with pytest.raises(QueueStorageJobs, match="holds the key in a lane"):
+        asyncio.run(on_sa({"lane": 1}))
+    assert snapshot(sa_side.engine) == before[1]

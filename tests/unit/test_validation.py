@@ -18,7 +18,14 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 import awa_sa.asyncio as awa_async
-from awa_sa import RetryAfter, RetryBackoff, Snooze, ValidationError, reschedule_canonical_attempt
+from awa_sa import (
+    RetryAfter,
+    RetryBackoff,
+    Snooze,
+    ValidationError,
+    cancel_by_unique_key,
+    reschedule_canonical_attempt,
+)
 
 NOWHERE = "postgresql+psycopg://nobody@127.0.0.1:1/nothing"
 
@@ -103,6 +110,22 @@ def test_refused_before_the_database(untouched: sa.Engine) -> None:
     for bind, name in ((str(engine.url), "str"), (None, "NoneType"), (engine.pool, "QueuePool")):
         with pytest.raises(ValidationError, match=f"bind must be .*, got {name}$"):
             reschedule_canonical_attempt(bind, job, 1, RetryBackoff())  # type: ignore[arg-type]
+
+
+def test_cancel_by_unique_key_refuses_before_the_database(untouched: sa.Engine) -> None:
+    # Wrong types on purpose (hence each `type: ignore[arg-type]`), as above.
+    for bad in (None, 1, b"kind", "a\x00b"):
+        with pytest.raises(ValidationError, match="kind"):
+            cancel_by_unique_key(untouched, bad)  # type: ignore[arg-type]
+        if bad is not None:
+            with pytest.raises(ValidationError, match="queue"):
+                cancel_by_unique_key(untouched, "k", queue=bad)  # type: ignore[arg-type]
+    for bucket in (True, 1.0, "1", 2**63, -(2**63) - 1):
+        with pytest.raises(ValidationError, match="period_bucket"):
+            cancel_by_unique_key(untouched, "k", period_bucket=bucket)  # type: ignore[arg-type]
+    for value in BAD_JSON:
+        with pytest.raises(ValidationError, match="args"):
+            cancel_by_unique_key(untouched, "k", args=value)
 
 
 async def test_async_refuses_before_the_database(untouched: sa.Engine) -> None:

@@ -31,7 +31,7 @@ from awa_sa import administer, forms
 from awa_sa.calls import AnyCall, prepare, prepare_all, prepare_batch, prepare_result
 from awa_sa.drivers import check_dialect
 from awa_sa.enqueueing_async import enqueue, enqueue_many
-from awa_sa.errors import ValidationError, translated_error
+from awa_sa.errors import ValidationError
 from awa_sa.internals import run_in_greenlet
 from awa_sa.kinds import Attempt, Ending, Kind, Outcome, Result, Settle, Settlement
 from awa_sa.reschedule import settling, settlings
@@ -39,6 +39,7 @@ from awa_sa.running import JobLike, RunningAttempt
 from awa_sa.running import attempt_of as _sync_attempt_of
 from awa_sa.running import running_attempts as _sync_running_attempts
 from awa_sa.statements.admin_canonical import JobRow
+from awa_sa.translation import translated_error
 
 _T = TypeVar("_T")
 

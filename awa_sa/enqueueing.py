@@ -30,12 +30,11 @@ from awa_sa.errors import (
     DuplicateJob,
     UniqueConflict,
     ValidationError,
-    translated,
-    translated_error,
 )
 from awa_sa.forms import check_bind
 from awa_sa.jobs import Duplicate, EnqueuedJob, NewJob, Prepared, enqueued, prepare
 from awa_sa.statements.enqueue import INSERT_JOBS, UNIQUE_HOLDER
+from awa_sa.translation import translated, translated_error
 from awa_sa.unique import Unique
 
 if TYPE_CHECKING:

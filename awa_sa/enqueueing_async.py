@@ -18,10 +18,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from awa_sa import enqueueing as sync
 from awa_sa.drivers import check_dialect
 from awa_sa.enqueueing import OnDuplicate, prepare_batch
-from awa_sa.errors import ValidationError, translated_error
+from awa_sa.errors import ValidationError
 from awa_sa.forms import session_dialect
 from awa_sa.internals import run_in_greenlet
 from awa_sa.jobs import Duplicate, EnqueuedJob, NewJob, Prepared, prepare
+from awa_sa.translation import translated_error
 from awa_sa.unique import Unique
 
 AsyncBind = AsyncEngine | AsyncConnection | AsyncSession

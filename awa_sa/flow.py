@@ -43,12 +43,7 @@ from awa_sa.calls import (
     retry_of,
 )
 from awa_sa.compiled import Runner, run
-from awa_sa.errors import (
-    MaterialisedAttempt,
-    QueueStorageAttempt,
-    ValidationError,
-    translated_error,
-)
+from awa_sa.errors import MaterialisedAttempt, QueueStorageAttempt, ValidationError
 from awa_sa.internals import in_autocommit
 from awa_sa.kinds import Cancelled, Completed, Ending, Failed, Outcome, Rescheduled, Stale
 from awa_sa.queue_storage import translate_map
@@ -57,6 +52,7 @@ from awa_sa.statements.endings import END_ATTEMPTS, Answer, EndItem
 from awa_sa.statements.receipt_settles import RECEIPT_LOCKS, SETTLE_RECEIPT
 from awa_sa.statements.receipt_settles import Settled as Closed
 from awa_sa.statements.receipts import OPEN_CLAIMS
+from awa_sa.translation import translated_error
 
 log = logging.getLogger("awa_sa")
 

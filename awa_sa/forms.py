@@ -22,13 +22,7 @@ from awa_sa import flow
 from awa_sa.calls import AnyCall, Call, EndCall
 from awa_sa.compiled import Runner
 from awa_sa.drivers import check_dialect
-from awa_sa.errors import (
-    CONNECTION_LOST,
-    DatabaseError,
-    ValidationError,
-    translated,
-    translated_error,
-)
+from awa_sa.errors import CONNECTION_LOST, DatabaseError, ValidationError
 from awa_sa.internals import (
     UNKNOWN_LEVEL,
     Direct,
@@ -42,6 +36,7 @@ from awa_sa.internals import (
     in_autocommit,
 )
 from awa_sa.kinds import Ending
+from awa_sa.translation import translated, translated_error
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -95,7 +90,7 @@ def within(bind: Engine | Connection | Session, calls: Sequence[AnyCall]) -> lis
     transaction.
 
     The Engine form's checkout, BEGIN, COMMIT and checkin are translated by one ``try``, and
-    :func:`~awa_sa.errors.translated` is entered only when something was raised: on the path
+    :func:`~awa_sa.translation.translated` is entered only when something was raised: on the path
     of every call a context manager costs a generator and four calls, and this one used to be
     entered three times (docs/performance.md).
     """

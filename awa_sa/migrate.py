@@ -20,13 +20,7 @@ from sqlalchemy import Connection
 from awa_sa import moves
 from awa_sa.calls import Call, items
 from awa_sa.compiled import run
-from awa_sa.errors import (
-    DatabaseError,
-    QueueStorageAttempt,
-    UniqueConflict,
-    ValidationError,
-    translated,
-)
+from awa_sa.errors import DatabaseError, QueueStorageAttempt, UniqueConflict, ValidationError
 from awa_sa.kinds import CancelledDuplicate, Migrated, Outcome, Stale
 from awa_sa.statements.duplicate import (
     CLOCK,
@@ -52,6 +46,7 @@ from awa_sa.statements.migration import (
 )
 from awa_sa.statements.receipts import OPEN_CLAIMS
 from awa_sa.tables import JOB_STATES
+from awa_sa.translation import translated
 
 
 def migrated(conn: Connection, calls: Sequence[Call], schema: str) -> list[Outcome]:

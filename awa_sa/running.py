@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 from sqlalchemy import Connection, Engine
 
-from awa_sa.errors import AmbiguousAttempt, AttemptNotFound, ValidationError, translated
+from awa_sa.errors import AmbiguousAttempt, AttemptNotFound, ValidationError
 from awa_sa.queue_storage import translate_map
 from awa_sa.statements.listings import (
     CanonicalListing,
@@ -48,6 +48,7 @@ from awa_sa.statements.listings import (
     listed,
     queue_storage_attempts,
 )
+from awa_sa.translation import translated
 
 CANONICAL = "canonical"
 """``RunningAttempt.storage`` of an attempt in ``awa.jobs_hot``."""

@@ -285,6 +285,24 @@ class Cluster:
         return run_awa(self.pg, self.dbname, *args)
 
 
+@pytest.fixture(params=["canonical", "active"])
+def real_plane(
+    request: pytest.FixtureRequest,
+    pg: EmbeddedPostgres,
+    clone_database: Callable[[str], str],
+    real_template: str,
+) -> Iterator[Cluster]:
+    """An ``awa migrate`` database on each plane: canonical, and queue storage active."""
+    url = clone_database(real_template)
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    try:
+        found = Cluster("real", pg, url, engine)
+        found.set_phase(request.param, "awa_qs")
+        yield found
+    finally:
+        engine.dispose()
+
+
 @pytest.fixture(params=["fixture", "real"])
 def cluster(
     request: pytest.FixtureRequest,

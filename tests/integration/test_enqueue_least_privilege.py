@@ -7,34 +7,19 @@ GRANTs; this enqueues a plain job, a unique one and its duplicate as that role.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-
 import pytest
 import sqlalchemy as sa
 from conftest import Cluster
 from test_least_privilege import ROLE_IN_DOCS, documented_grants, role
 
 import awa_sa
-from awa_sa.testing.server import EmbeddedPostgres
 
 __all__ = ["role"]  # the module's fixture, used here
 
 
-@pytest.fixture(params=["canonical", "active"])
-def cluster(
-    request: pytest.FixtureRequest,
-    pg: EmbeddedPostgres,
-    clone_database: Callable[[str], str],
-    real_template: str,
-) -> Iterator[Cluster]:
-    url = clone_database(real_template)
-    engine = sa.create_engine(url, poolclass=sa.NullPool)
-    try:
-        found = Cluster("real", pg, url, engine)
-        found.set_phase(request.param, "awa_qs")
-        yield found
-    finally:
-        engine.dispose()
+@pytest.fixture
+def cluster(real_plane: Cluster) -> Cluster:
+    return real_plane
 
 
 def test_the_documented_role_enqueues(cluster: Cluster, role: str) -> None:

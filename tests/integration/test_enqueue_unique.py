@@ -7,7 +7,6 @@ transaction, on the canonical plane and on queue storage.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +18,6 @@ from enqueuing import listening
 from runtimes import pg_url
 
 import awa_sa
-from awa_sa.testing.server import EmbeddedPostgres
 
 
 @dataclass
@@ -60,21 +58,9 @@ SHAPES: list[tuple[Any, dict[str, Any]]] = [
 ]
 
 
-@pytest.fixture(params=["canonical", "active"])
-def cluster(
-    request: pytest.FixtureRequest,
-    pg: EmbeddedPostgres,
-    clone_database: Callable[[str], str],
-    real_template: str,
-) -> Iterator[Cluster]:
-    url = clone_database(real_template)
-    engine = sa.create_engine(url, poolclass=sa.NullPool)
-    try:
-        found = Cluster("real", pg, url, engine)
-        found.set_phase(request.param, "awa_qs")
-        yield found
-    finally:
-        engine.dispose()
+@pytest.fixture
+def cluster(real_plane: Cluster) -> Cluster:
+    return real_plane
 
 
 def _options(extra: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,6 @@ and completes it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +19,6 @@ from conftest import Cluster
 from runtimes import pg_url
 
 import awa_sa
-from awa_sa.testing.server import EmbeddedPostgres
 
 WAIT_SECS = 60
 
@@ -31,21 +29,9 @@ class Greet:
     times: int
 
 
-@pytest.fixture(params=["canonical", "active"])
-def cluster(
-    request: pytest.FixtureRequest,
-    pg: EmbeddedPostgres,
-    clone_database: Callable[[str], str],
-    real_template: str,
-) -> Iterator[Cluster]:
-    url = clone_database(real_template)
-    engine = sa.create_engine(url, poolclass=sa.NullPool)
-    try:
-        found = Cluster("real", pg, url, engine)
-        found.set_phase(request.param, "awa_qs")
-        yield found
-    finally:
-        engine.dispose()
+@pytest.fixture
+def cluster(real_plane: Cluster) -> Cluster:
+    return real_plane
 
 
 def test_a_real_worker_claims_and_completes_what_awa_sa_enqueued(cluster: Cluster) -> None:

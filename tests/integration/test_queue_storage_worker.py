@@ -79,8 +79,10 @@ WAIT_SECS = 60.0
 DELAY = 3600
 CANCEL_REASON = "cancelled by harness"
 PROGRESS = {"percent": 40, "message": "step 2", "metadata": {"cursor": 7}}
-BACKOFF_FIRST = (dt.timedelta(seconds=2), dt.timedelta(seconds=2.5))
-"""``awa.backoff_duration(1, _)``: 2 s plus up to 25 % jitter."""
+BACKOFF_FIRST = (dt.timedelta(seconds=2), dt.timedelta(seconds=4))
+"""``awa.backoff_duration(1, _)``: 2 s plus up to 25 % jitter, counted from a clock read after
+``finalized_at``'s, which a loaded machine can delay by more than a second; no other ending of
+these cases schedules a job so soon (their delays are an hour)."""
 DEADLINE = dt.timedelta(seconds=300)
 """The SDK's default queue deadline."""
 

@@ -8,7 +8,6 @@ the holder rolls back, the contender's job is written.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -17,26 +16,13 @@ from conftest import Cluster
 from racing import DEFAULT_TIMEOUT, held, in_thread, wait_until_blocked
 
 import awa_sa
-from awa_sa.testing.server import EmbeddedPostgres
 
 UNIQUE: dict[str, Any] = {"kind": "once", "unique_opts": {}}
 
 
-@pytest.fixture(params=["canonical", "active"])
-def cluster(
-    request: pytest.FixtureRequest,
-    pg: EmbeddedPostgres,
-    clone_database: Callable[[str], str],
-    real_template: str,
-) -> Iterator[Cluster]:
-    url = clone_database(real_template)
-    engine = sa.create_engine(url, pool_size=4)
-    try:
-        found = Cluster("real", pg, url, engine)
-        found.set_phase(request.param, "awa_qs")
-        yield found
-    finally:
-        engine.dispose()
+@pytest.fixture
+def cluster(real_plane: Cluster) -> Cluster:
+    return real_plane
 
 
 def _contender(engine: sa.Engine) -> tuple[list[int], awa_sa.DuplicateJob | None]:

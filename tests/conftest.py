@@ -10,6 +10,7 @@ rows.
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -18,12 +19,14 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from pytest_postgresql.janitor import DatabaseJanitor
 from racing import RealTransitions
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from xdist.scheduler import LoadScopeScheduling
 
 import awa_sa_schema  # built by awa_sa_schema/ (Alembic)
 from awa_sa.testing.bindir import find_binaries
@@ -52,33 +55,61 @@ runtimes' tests at once. The two modules may run beside each other: their reads 
 runtime's rows, not for a quiet machine (issue 39)."""
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist, keep together the tests of a module that share a set-up of its own.
-
-    A fixture of module or session scope defined in a test module (a seeded cluster, a
-    PgBouncer, one run of the bench) is built once by every worker that runs one of its tests.
-    ``--dist loadgroup`` (``./dev test``, CI) sends a group to one worker: such a module's tests
-    are its group, so the set-up is built once, as in a run without workers. Every other test
-    goes to whichever worker is free.
-
-    The ``slow`` tests go first (``--no-loadscope-reorder`` keeps this order): a minute-long test
-    started last would run on alone while the other workers sit idle.
-    """
-    if config.getoption("dist", "no") == "no":
-        return
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-    for item in items:
-        module = item.nodeid.split("::")[0]
-        if module in QUIET:
-            item.add_marker(pytest.mark.xdist_group(module))
+@cache
+def _shares_a_set_up(path: Path) -> bool:
+    """Whether the test module at *path* defines a fixture wider than one test (a seeded
+    cluster, a PgBouncer, one run of the bench), read from its source."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             continue
-        # pytest keeps the fixtures an item uses only privately; without them nothing is grouped,
-        # and each worker builds the shared set-up for itself (slower, never wrong).
-        info = getattr(item, "_fixtureinfo", None)
-        definitions = info.name2fixturedefs.values() if info is not None else ()
-        if any(d[-1].scope != "function" and d[-1].baseid == module for d in definitions):
-            item.add_marker(pytest.mark.xdist_group(module))
+        for decorator in node.decorator_list:
+            if not isinstance(decorator, ast.Call):
+                continue
+            for keyword in decorator.keywords:
+                scope = keyword.value
+                if keyword.arg == "scope" and not (
+                    isinstance(scope, ast.Constant) and scope.value == "function"
+                ):
+                    return True
+    return False
+
+
+class ModuleGroups(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no types
+    """``--dist loadgroup``, as this suite means it: a module's tests stay on one worker
+    when they share a set-up, so that it is built once (as in a run without workers);
+    every other test goes to whichever worker is free.
+
+    The groups are decided here, on the controller, from the nodeid and the module's
+    source: xdist's own loadgroup reads groups from a suffix its workers write into
+    ``item._nodeid``, which pytest 9.2 no longer reads (its nodeid lives elsewhere), so
+    xdist_group markers group nothing there.
+    """
+
+    def _split_scope(self, nodeid: str) -> str:
+        module = nodeid.split("::", maxsplit=1)[0]
+        path = self.config.rootpath / module
+        if module in QUIET or (path.suffix == ".py" and _shares_a_set_up(path)):
+            return module
+        return nodeid
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> ModuleGroups | None:
+    """The scheduler of ``--dist loadgroup`` (``./dev test``, CI)."""
+    if config.getoption("dist") == "loadgroup":
+        return ModuleGroups(config, log)
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, the ``slow`` tests go first (``--no-loadscope-reorder`` keeps this
+    order, and the controller schedules in the order its workers collected): a minute-long
+    test started last would run on alone while the other workers sit idle.
+
+    A worker's ``dist`` is "no" (xdist keeps only ``loadgroup`` there), so both are read.
+    """
+    if config.getoption("loadgroup", False) or config.getoption("dist", "no") != "no":
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(scope="session")

@@ -31,7 +31,6 @@ import awa
 import pytest
 import sqlalchemy as sa
 from conftest import Cluster, _janitor, database_url
-from pytest_postgresql.janitor import DatabaseJanitor
 from runtimes import STILL_RINGS, pg_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -241,6 +240,7 @@ async def work(ran: Ran) -> None:
         )
         for fail, event in worker.settles_done.items():
             await within(event, ran, f"the Settles(fail={fail}) handler did not run")
+        assert not ran.errors, ran.errors  # else no follow-up is coming: stop here
         await within(worker.followed, ran, "the follow-up was not handled")
         await within(worker.all_due, ran, "the Due jobs were not handled")
         for _ in range(WAIT_SECS * 100):  # the runtime's own pace: its completion flush
@@ -258,7 +258,7 @@ async def work(ran: Ran) -> None:
 def ran(request: pytest.FixtureRequest, pg: EmbeddedPostgres, real_template: str) -> Iterator[Ran]:
     """One worker run on a fresh ``awa migrate`` clone of each plane, shared by the tests."""
     name = f"t_{uuid.uuid4().hex[:16]}"
-    janitor: DatabaseJanitor = _janitor(pg, name, template=real_template)
+    janitor = _janitor(pg, name, template=real_template)
     janitor.init()
     url = database_url(pg, name)
     engine = sa.create_engine(url, poolclass=sa.NullPool)

@@ -31,7 +31,7 @@ import awa
 import pytest
 import sqlalchemy as sa
 from conftest import Cluster, _janitor, database_url
-from runtimes import STILL_RINGS, pg_url
+from runtimes import STILL, pg_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import awa_sa
@@ -230,7 +230,10 @@ async def work(ran: Ran) -> None:
         leader_election_interval_ms=100,
         promote_interval_ms=50,
         queue_storage_schema=ran.routing,
-        **STILL_RINGS,  # no ring pruned: the closures are read afterwards
+        # No ring rotates, so none is pruned: the closures are read afterwards.
+        queue_storage_queue_rotate_interval_ms=STILL,
+        queue_storage_lease_rotate_interval_ms=STILL,
+        queue_storage_claim_rotate_interval_ms=STILL,
     )
     try:
         await within(worker.claiming, ran, "no Settles job was claimed")

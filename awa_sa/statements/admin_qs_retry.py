@@ -54,7 +54,7 @@ from awa_sa.internals import SchemaTranslatedFunction
 from awa_sa.statements.admin_queue_storage import claims_in
 from awa_sa.statements.duplicate import counter_bucket
 from awa_sa.statements.registry import statement
-from awa_sa.statements.sql import EMPTY_OBJECT, SHARD0, state
+from awa_sa.statements.sql import EMPTY_OBJECT, SHARD0, distinct_on, state
 from awa_sa.tables import Timestamp, job_unique_claims
 
 By = Literal["job", "kind", "queue"]
@@ -227,7 +227,7 @@ def retry_claims() -> Select[Any]:
     )
     wanted = select(t.c.unique_key, t.c.job_id).where(t.c.unique_key.is_not(None), new, ~old)
     stmt = pg_insert(claims).from_select(
-        ["unique_key", "job_id"], wanted.distinct(t.c.unique_key).order_by(t.c.unique_key)
+        ["unique_key", "job_id"], distinct_on(wanted, t.c.unique_key).order_by(t.c.unique_key)
     )
     taken = (
         stmt.on_conflict_do_update(

@@ -23,18 +23,15 @@ from typing import Any, Literal
 from sqlalchemy import (
     CTE,
     BigInteger,
-    Column,
     ColumnElement,
     Integer,
     Select,
     SmallInteger,
-    Table,
     Text,
     and_,
     bindparam,
     case,
     cast,
-    column,
     delete,
     exists,
     func,
@@ -42,7 +39,6 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
-    table,
     tuple_,
     update,
 )
@@ -51,6 +47,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from awa_sa import queue_storage as qs
 from awa_sa.internals import SchemaTranslatedFunction
+from awa_sa.runtime_tables import queue_meta, queue_terminal_rollups, ready_segments
 from awa_sa.statements.admin_queue_storage import claims_in
 from awa_sa.statements.duplicate import counter_bucket
 from awa_sa.statements.registry import statement
@@ -59,30 +56,6 @@ from awa_sa.tables import Timestamp, job_unique_claims
 
 By = Literal["job", "kind", "queue"]
 RETRIABLE = ("failed", "cancelled")
-
-ready_segments = Table(
-    "ready_segments",
-    qs.metadata,
-    Column("ready_slot", Integer, nullable=False),
-    Column("ready_generation", BigInteger, nullable=False),
-    Column("queue", Text, nullable=False),
-    Column("priority", SmallInteger, nullable=False),
-    Column("enqueue_shard", SmallInteger, nullable=False),
-    Column("first_lane_seq", BigInteger, nullable=False),
-    Column("next_lane_seq", BigInteger, nullable=False),
-    Column("first_run_at", Timestamp, nullable=False),
-)
-"""The claim side's index of ready rows: the columns a producer writes."""
-
-queue_terminal_rollups = Table(
-    "queue_terminal_rollups",
-    qs.metadata,
-    Column("queue", Text, nullable=False),
-    Column("pruned_failed_count", BigInteger, nullable=False),
-)
-"""Only the columns awa-pg 0.6.9 reads for a bulk retry's ``pruned_failed_count``."""
-
-queue_meta = table("queue_meta", column("queue", Text), column("enqueue_shards"), schema="awa")
 
 
 class reserve_enqueue_seq(SchemaTranslatedFunction):
@@ -121,7 +94,7 @@ def retry_targets(*, by: By) -> Select[Any]:
     """Lock each job's newest failed or cancelled row (skipping locked ones, as awa-pg does):
     its id, run lease and lane, and whether the job also waits on a callback (a ``leases``
     row, which awa-pg's retry resumes instead and awa-sa refuses)."""
-    done = qs.done_entries
+    done = qs.done_entries.alias("target")
     d = done.c
     if by == "job":
         chosen: ColumnElement[bool] = d.job_id == bindparam("b_job_id", type_=BigInteger)
@@ -149,7 +122,7 @@ def _failed_of_alias(picked: Any, by: By) -> ColumnElement[bool]:
 def failed_matched(*, by: Literal["kind", "queue"]) -> Select[Any]:
     """awa-pg's ``matched``: the distinct jobs with a failed row of the kind or queue."""
     d = qs.done_entries.c
-    return select(func.count(d.job_id.distinct())).where(_failed_of(by))
+    return select(func.count(d.job_id.distinct()).label("matched")).where(_failed_of(by))
 
 
 @statement
@@ -157,7 +130,8 @@ def waits_on_callback() -> Select[Any]:
     """Whether job ``b_job_id`` waits on a callback (a ``leases`` row)."""
     lease = qs.leases.c
     job_id = bindparam("b_job_id", type_=BigInteger)
-    return select(exists().where(lease.job_id == job_id, lease.state == state("waiting_external")))
+    waits = exists().where(lease.job_id == job_id, lease.state == state("waiting_external"))
+    return select(waits.label("waits"))
 
 
 @statement
@@ -165,7 +139,9 @@ def pruned_failed() -> Select[Any]:
     """awa-pg 0.6.9's ``pruned_failed_count`` of a queue: its rollups' pruned failed rows."""
     r = queue_terminal_rollups.c
     total = func.coalesce(func.sum(r.pruned_failed_count), literal_column("0"))
-    return select(cast(total, BigInteger)).where(r.queue == bindparam("b_key", type_=Text))
+    return select(cast(total, BigInteger).label("pruned")).where(
+        r.queue == bindparam("b_key", type_=Text)
+    )
 
 
 @statement
@@ -174,7 +150,9 @@ def sharded_queues() -> Select[Any]:
     of its own process there, which awa-sa cannot follow)."""
     m = queue_meta.c
     queues = bindparam("b_queues", type_=ARRAY(Text))
-    return select(m.queue).where(m.queue == func.any(queues), m.enqueue_shards > 1)
+    return select(m.queue).where(
+        m.queue == func.any(queues), m.enqueue_shards > literal_column("1")
+    )
 
 
 def with_ready_columns(rows: Any) -> Select[Any]:
@@ -239,7 +217,10 @@ def retry_claims() -> Select[Any]:
         .cte("taken")
     )
     return select(
-        select(func.count()).select_from(wanted.subquery()).scalar_subquery().label("wanted"),
+        select(func.count())
+        .select_from(wanted.subquery("wants"))
+        .scalar_subquery()
+        .label("wanted"),
         select(func.count()).select_from(taken).scalar_subquery().label("taken"),
         select(func.count()).select_from(released).scalar_subquery().label("released"),
     )
@@ -368,7 +349,7 @@ def retry_done() -> Select[Any]:
         enqueued.c.priority,
         enqueued.c.enqueue_shard,
         enqueued.c.lane_seq,
-        enqueued.c.lane_seq + literal_column("1"),
+        (enqueued.c.lane_seq + literal_column("1")).label("next_lane_seq"),
         enqueued.c.run_at,
     )
     segment_key = ["ready_slot", "ready_generation", "queue", "priority", "enqueue_shard"]
@@ -381,6 +362,6 @@ def retry_done() -> Select[Any]:
     queues = select(enqueued.c.queue).distinct().subquery("queues")
     channel = literal_column("'awa:'", Text) + queues.c.queue
     notified = select(func.pg_notify(channel, literal_column("''"))).select_from(queues)
-    told = select(func.count()).select_from(notified.subquery()).scalar_subquery()
+    told = select(func.count()).select_from(notified.subquery("notified")).scalar_subquery()
     answer = select(*enqueued.c, told.label("told")).order_by(enqueued.c.job_id)
     return answer.add_cte(*effects)

@@ -355,7 +355,7 @@ def retry_done() -> Select[Any]:
     segment_key = ["ready_slot", "ready_generation", "queue", "priority", "enqueue_shard"]
     effects.append(
         pg_insert(segments)
-        .from_select([c.name for c in segments.c], segment)
+        .from_select([c.name for c in segments.c if c.name != "created_at"], segment)
         .on_conflict_do_nothing(index_elements=[*segment_key, "first_lane_seq"])
         .cte("segments")
     )

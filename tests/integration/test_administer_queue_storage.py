@@ -55,6 +55,8 @@ FAILING: tuple[tuple[str, str, int, dict[str, Any]], ...] = (
     ("fails_discard", "work_q", 2, {"unique_opts": {"by_args": True}}),
     ("fails_discard", "work_q", 2, {}),
     ("fails_rb", "rb_q", 2, {}),
+    ("fails_async", "async_q", 2, {"tags": ["x"]}),
+    ("fails_async", "async_q", 2, {}),
 )
 _CLOCK = re.compile(
     r'"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)?\+00"'  # a timestamptz column
@@ -542,7 +544,7 @@ async def _fail(side: Side) -> list[int]:
     for kind, queue in sorted({(kind, queue) for kind, queue, _, _ in FAILING}):
         client.task(dict, kind=kind, queue=queue)(fails)
     await client.start(
-        [("work_q", 2), ("fail_q", 2), ("rb_q", 1)],
+        [("work_q", 2), ("fail_q", 2), ("rb_q", 1), ("async_q", 1)],
         promote_interval_ms=600_000,
         heartbeat_interval_ms=600_000,
     )
@@ -787,3 +789,42 @@ async def _claimed_after_gap(side: Side, job_id: int) -> None:
             {"i": job_id},
         ).scalar()
     assert state == "completed"
+
+
+def test_the_async_twins_retry_and_discard_on_queue_storage_with_asyncpg(
+    sides: tuple[Side, Side], failed: dict[str, int]
+) -> None:
+    """The job ids travel as a ``bigint[]``: asyncpg's own binding, on one twin only (last)."""
+    _, sa_side = sides
+    url = sa.make_url(sa_side.url).set(drivername="postgresql+asyncpg")
+
+    async def run() -> tuple[awa_sa.JobRow | None, awa_sa.RetriedFailed, int]:
+        engine = create_async_engine(url)
+        try:
+            async with engine.begin() as conn:
+                one = await awa_async.retry_job(conn, failed["fails_async"])
+                rest = await awa_async.retry_failed(conn, queue="async_q")
+                gone = await awa_async.discard_failed(conn, "fails_async")
+            return one, rest, gone
+        finally:
+            await engine.dispose()
+
+    one, rest, gone = asyncio.run(run())
+    assert one is not None
+    assert (one.id, one.state, one.storage, one.tags) == (
+        failed["fails_async"],
+        "available",
+        "awa",
+        ["x"],
+    )
+    assert (len(rest.jobs), rest.matched, rest.pruned_failed_count) == (1, 1, 0)
+    assert rest.jobs[0].id == failed["fails_async"] + 1
+    assert gone == 0  # both are available again: no failed row left to discard
+    with sa_side.engine.connect() as conn:
+        ready = conn.execute(
+            sa.text(
+                "SELECT job_id, attempt FROM awa.ready_entries WHERE queue = 'async_q'"
+                " ORDER BY lane_seq DESC LIMIT 2"
+            )
+        ).all()
+    assert sorted(tuple(r) for r in ready) == [(one.id, 0), (one.id + 1, 0)]

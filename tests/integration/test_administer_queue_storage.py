@@ -39,7 +39,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 import awa_sa
 import awa_sa.asyncio as awa_async
-from awa_sa import QueueStorageJobs
+from awa_sa import QueueStorageJobs, UniqueConflict
 from awa_sa.testing.server import EmbeddedPostgres
 
 pytestmark = pytest.mark.slow  # real awa-pg runtimes
@@ -57,6 +57,7 @@ FAILING: tuple[tuple[str, str, int, dict[str, Any]], ...] = (
     ("fails_rb", "rb_q", 2, {}),
     ("fails_async", "async_q", 2, {"tags": ["x"]}),
     ("fails_async", "async_q", 2, {}),
+    ("fails_held", "work_q", 2, {"unique_opts": {"by_args": True}}),
 )
 _CLOCK = re.compile(
     r'"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)?\+00"'  # a timestamptz column
@@ -727,6 +728,35 @@ def test_retry_failed_by_kind_and_by_queue_write_what_awa_pg_writes(
             _same_job(sa_job, pg_job)
 
 
+def test_a_retry_whose_key_another_job_holds_raises_as_awa_pg_and_writes_nothing(
+    sides: tuple[Side, Side], failed: dict[str, int]
+) -> None:
+    """A failed job's key taken meanwhile by a new scheduled job: awa-pg raises UniqueConflict
+    and its rollback leaves only its lane reservation behind (a gap); awa-sa raises before
+    it reserves, and with the caller's rollback nothing at all is left."""
+    job_id = failed["fails_held"]
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    for side in sides:
+        _pg(
+            side.url,
+            lambda c: c.insert(
+                {"f": len(FAILING) - 1},
+                kind="fails_held",
+                queue="work_q",
+                run_at=later,
+                unique_opts={"by_args": True},
+            ),
+        )
+    pg_side, sa_side = sides
+    before = snapshot(pg_side.engine), snapshot(sa_side.engine)
+    with pytest.raises(awa.UniqueConflict):
+        _pg(pg_side.url, lambda c: c.retry(job_id))
+    with sa_side.engine.connect() as conn, pytest.raises(UniqueConflict):
+        awa_sa.retry_job(conn, job_id)
+    assert snapshot(sa_side.engine) == before[1]
+    assert list(change(before[0], snapshot(pg_side.engine))) == ["sequences"]
+
+
 def test_discard_failed_writes_what_awa_pg_writes(
     sides: tuple[Side, Side], failed: dict[str, int]
 ) -> None:
@@ -759,6 +789,8 @@ def test_a_rolled_back_retry_leaves_the_jobs_as_they_were_but_a_lane_gap(
     (gone,), (now,) = moved["sequences"]
     assert gone.split(",")[0] == now.split(",")[0]
     assert "queue_enqueue_seq_" in now
+    # Two numbers reserved and never filled: the gap.
+    assert int(now.rstrip(")").split(",")[1]) - int(gone.rstrip(")").split(",")[1]) == 2
     asyncio.run(_claimed_after_gap(sa_side, failed["fails_rb"]))
 
 

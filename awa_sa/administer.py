@@ -12,8 +12,9 @@ Each call validates its input before any connection is touched, then, in the bin
 as a reschedule takes it) and sends one statement that reads routing afresh and writes only
 while routing is canonical (:mod:`awa_sa.statements.admin_canonical`). Once routing points at
 queue storage that statement wrote nothing: a cancel of a scheduled, retryable or running job
-goes on in the routing schema (:mod:`awa_sa.statements.admin_queue_storage`), and everything
-else raises :class:`~awa_sa.errors.QueueStorageJobs`.
+goes on in the routing schema (:mod:`awa_sa.statements.admin_queue_storage`), a retry or
+discard of failed jobs too (:mod:`awa_sa.administer_qs`), and what awa-sa cannot write there
+as awa-pg does raises :class:`~awa_sa.errors.QueueStorageJobs`.
 """
 
 from __future__ import annotations

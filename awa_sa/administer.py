@@ -12,8 +12,9 @@ Each call validates its input before any connection is touched, then, in the bin
 as a reschedule takes it) and sends one statement that reads routing afresh and writes only
 while routing is canonical (:mod:`awa_sa.statements.admin_canonical`). Once routing points at
 queue storage that statement wrote nothing: a cancel of a scheduled, retryable or running job
-goes on in the routing schema (:mod:`awa_sa.statements.admin_queue_storage`), and everything
-else raises :class:`~awa_sa.errors.QueueStorageJobs`.
+goes on in the routing schema (:mod:`awa_sa.statements.admin_queue_storage`), a retry or
+discard of failed jobs too (:mod:`awa_sa.administer_qs`), and what awa-sa cannot write there
+as awa-pg does raises :class:`~awa_sa.errors.QueueStorageJobs`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection, Engine, Select
 
+from awa_sa.administer_qs import discarded, retried
 from awa_sa.compiled import run
 from awa_sa.errors import DatabaseError, QueueStorageJobs, ValidationError
 from awa_sa.forms import administered, check_bind
@@ -209,7 +211,12 @@ def _unique_holder_on_queue_storage(
 def retry_job_step(job_id: object) -> Step[JobRow | None]:
     """The validated step of :func:`retry_job`, for either face."""
     binds = {"b_job_id": _job_id(job_id)}
-    rows = _canonical("retry_job", lambda routed: retry_job_canonical(routed=routed), binds)
+    rows = _canonical(
+        "retry_job",
+        lambda routed: retry_job_canonical(routed=routed),
+        binds,
+        lambda conn, schema: retried(conn, schema, "job", binds)[0],
+    )
     return lambda conn: _one(rows(conn))
 
 
@@ -220,11 +227,17 @@ def retry_failed_step(kind: object, queue: object) -> Step[RetriedFailed]:
     by: By = "kind" if kind is not None else "queue"
     binds = {"b_key": _text(by, kind if kind is not None else queue)}
     rows = _canonical(
-        "retry_failed", lambda routed: retry_failed_canonical(routed=routed, by=by), binds
+        "retry_failed",
+        lambda routed: retry_failed_canonical(routed=routed, by=by),
+        binds,
+        lambda conn, schema: [RetriedFailed(*retried(conn, schema, by, binds))],
     )
 
     def step(conn: Connection) -> RetriedFailed:
-        jobs = job_rows(rows(conn), CANONICAL)
+        found = rows(conn)
+        if found and isinstance(found[0], RetriedFailed):
+            return found[0]
+        jobs = job_rows(found, CANONICAL)
         return RetriedFailed(jobs, len(jobs))
 
     return step
@@ -234,9 +247,17 @@ def discard_failed_step(kind: object) -> Step[int]:
     """The validated step of :func:`discard_failed`, for either face."""
     binds = {"b_key": _text("kind", kind)}
     rows = _canonical(
-        "discard_failed", lambda routed: discard_failed_canonical(routed=routed), binds
+        "discard_failed",
+        lambda routed: discard_failed_canonical(routed=routed),
+        binds,
+        lambda conn, schema: [discarded(conn, schema, binds["b_key"])],
     )
-    return lambda conn: int(rows(conn)[0].discarded)
+
+    def step(conn: Connection) -> int:
+        found = rows(conn)[0]
+        return found if isinstance(found, int) else int(found.discarded)
+
+    return step
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +313,8 @@ def _cancel_running(conn: Connection, schema: str, job_id: int) -> list[Any]:
 def _one(rows: list[Any]) -> JobRow | None:
     if rows and isinstance(rows[0], _JobFields):
         return JobRow(**rows[0].fields, storage=rows[0].storage)
+    if rows and isinstance(rows[0], JobRow):
+        return rows[0]
     jobs = job_rows(rows, CANONICAL)
     return jobs[0] if jobs else None
 

@@ -231,9 +231,10 @@ class QueueStorageJobs(ValidationError):
     """Routing points at queue storage and awa-sa cannot do this there; nothing was written
     (docs/administer.md).
 
-    On queue storage awa-sa cancels scheduled, retryable and running jobs only. The rest is
-    several of the runtime's own statements (tombstones, lane sequences), some of which awa-pg
-    sends only after its own commit; use awa-pg's ``Client`` there.
+    On queue storage awa-sa cancels scheduled, retryable and running jobs, and retries and
+    discards failed and cancelled ones. The rest (an available job's cancel, whose claim-cursor
+    move awa-pg sends only after its own commit; a callback wait; a retry onto a queue with
+    several enqueue shards) is refused; use awa-pg's ``Client`` there.
     """
 
     def __init__(self, verb: str, schema: str, why: str) -> None:

@@ -23,6 +23,8 @@ from awa_sa.statements.admin_canonical import (
     retry_failed_canonical,
     retry_job_canonical,
 )
+from awa_sa.statements.admin_qs_discard import discard_failed_qs
+from awa_sa.statements.admin_qs_retry import retry_done, retry_targets
 from awa_sa.statements.admin_queue_storage import (
     cancel_deferred,
     claims_cancelled_only,
@@ -62,6 +64,7 @@ __all__ = [
     "clock",
     "deferred_lane",
     "discard_failed_canonical",
+    "discard_failed_qs",
     "end_attempts",
     "ensure_lane_head",
     "ensure_lane_row",
@@ -72,8 +75,10 @@ __all__ = [
     "lane_lock",
     "move_if_canonical",
     "open_claims",
+    "retry_done",
     "retry_failed_canonical",
     "retry_job_canonical",
+    "retry_targets",
     "ring_cursor",
     "routing_lock",
     "take_and_allocate",

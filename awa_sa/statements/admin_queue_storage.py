@@ -53,7 +53,7 @@ def deferred_lane() -> Select[Any]:
     return select(d.queue, d.priority).where(_deferred(job_id)).with_for_update()
 
 
-def _claims(mask: Any, name: str) -> ColumnElement[bool]:
+def claims_in(mask: Any, name: str) -> ColumnElement[bool]:
     """Whether the text mask claims the key in state *name* (its bit, leftmost first)."""
     bit = JOB_STATES.index(name) + 1
     one: ColumnElement[Any] = literal_column("1")
@@ -89,15 +89,15 @@ def cancel_deferred() -> Select[Any]:
     claims = job_unique_claims.c
     # Old state claimed (scheduled or retryable, as the row was) and cancelled does not.
     was_claimed = (
-        (old.c.state == state("scheduled")) & _claims(old.c.unique_states, "scheduled")
-    ) | ((old.c.state == state("retryable")) & _claims(old.c.unique_states, "retryable"))
+        (old.c.state == state("scheduled")) & claims_in(old.c.unique_states, "scheduled")
+    ) | ((old.c.state == state("retryable")) & claims_in(old.c.unique_states, "retryable"))
     released = (
         delete(job_unique_claims)
         .where(
             claims.unique_key == old.c.unique_key,
             claims.job_id == old.c.job_id,
             was_claimed,
-            ~_claims(old.c.unique_states, "cancelled"),
+            ~claims_in(old.c.unique_states, "cancelled"),
         )
         .returning(claims.job_id)
         .cte("released")
@@ -112,10 +112,10 @@ def claims_cancelled_only() -> Select[Any]:
     take the claim then, which this cancel does not do, so the call refuses it."""
     d = qs.deferred_jobs.c
     job_id = bindparam("b_job_id", type_=BigInteger)
-    claims_now = ((d.state == state("scheduled")) & _claims(d.unique_states, "scheduled")) | (
-        (d.state == state("retryable")) & _claims(d.unique_states, "retryable")
+    claims_now = ((d.state == state("scheduled")) & claims_in(d.unique_states, "scheduled")) | (
+        (d.state == state("retryable")) & claims_in(d.unique_states, "retryable")
     )
-    refused = and_(d.unique_key.is_not(None), _claims(d.unique_states, "cancelled"), ~claims_now)
+    refused = and_(d.unique_key.is_not(None), claims_in(d.unique_states, "cancelled"), ~claims_now)
     return select(refused.label("refused")).where(_deferred(job_id))
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import awa
+import psycopg
 import pytest
 import sqlalchemy as sa
 from conftest import QUIESCED_FLIP, _janitor, awa_cli, database_url
@@ -38,12 +39,26 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 import awa_sa
 import awa_sa.asyncio as awa_async
-from awa_sa import QueueStorageJobs
+from awa_sa import QueueStorageJobs, UniqueConflict
 from awa_sa.testing.server import EmbeddedPostgres
 
 pytestmark = pytest.mark.slow  # real awa-pg runtimes
 
 SCHEDULED, SCHEDULED_NEW_LANE, RETRYABLE, AVAILABLE = 1, 2, 3, 4
+FAILING: tuple[tuple[str, str, int, dict[str, Any]], ...] = (
+    # (kind, queue, priority, options): failed by a real worker (max_attempts 1), in this order.
+    ("fails_one", "work_q", 2, {"unique_opts": {"by_args": True}, "tags": ["a"]}),
+    ("fails_kind", "work_q", 2, {"metadata": {"m": 6}}),
+    ("fails_kind", "work_q", 2, {}),
+    ("fails_q", "fail_q", 2, {}),
+    ("fails_q", "fail_q", 3, {}),
+    ("fails_discard", "work_q", 2, {"unique_opts": {"by_args": True}}),
+    ("fails_discard", "work_q", 2, {}),
+    ("fails_rb", "rb_q", 2, {}),
+    ("fails_async", "async_q", 2, {"tags": ["x"]}),
+    ("fails_async", "async_q", 2, {}),
+    ("fails_held", "work_q", 2, {"unique_opts": {"by_args": True}}),
+)
 _CLOCK = re.compile(
     r'"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)?\+00"'  # a timestamptz column
     r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?\+00:00"  # an error entry's worker clock
@@ -214,13 +229,16 @@ def test_what_awa_sa_does_not_do_on_queue_storage_is_refused(sides: tuple[Side, 
     refusals: list[tuple[Callable[[sa.Connection], object], str]] = [
         (lambda c: awa_sa.cancel_job(c, AVAILABLE), "none of its scheduled, retryable or running"),
         (lambda c: awa_sa.cancel_job(c, 10_000), "none of its scheduled, retryable or running"),
-        (lambda c: awa_sa.retry_job(c, RETRYABLE), "canonical jobs only"),
-        (lambda c: awa_sa.retry_failed(c, kind="idle"), "canonical jobs only"),
-        (lambda c: awa_sa.discard_failed(c, "idle"), "canonical jobs only"),
     ]
     for call, message in refusals:
         with sa_side.engine.begin() as conn, pytest.raises(QueueStorageJobs, match=message):
             call(conn)
+    with sa_side.engine.begin() as conn:  # nothing to act on: nothing written
+        assert awa_sa.retry_job(conn, AVAILABLE) is None
+        assert awa_sa.retry_job(conn, 10_000) is None
+        assert awa_sa.retry_failed(conn, kind="idle") == awa_sa.RetriedFailed([], 0, None)
+        assert awa_sa.retry_failed(conn, queue="idle_q") == awa_sa.RetriedFailed([], 0, 0)
+        assert awa_sa.discard_failed(conn, "idle") == 0
     assert snapshot(sa_side.engine) == before
 
 
@@ -510,3 +528,335 @@ def test_cancel_by_unique_key_on_queue_storage_writes_what_awa_pg_writes(
     with pytest.raises(QueueStorageJobs, match="holds the key in a lane"):
         asyncio.run(on_sa({"lane": 1}))
     assert snapshot(sa_side.engine) == before[1]
+
+
+# --- retry_job, retry_failed, discard_failed on queue storage ------------------------------
+# These run after the tests above: their failing worker claims jobs in batches of its own,
+# which would make the twins' claim sequences differ under the running-attempt comparison.
+
+
+async def _fail(side: Side) -> list[int]:
+    """The jobs of FAILING, failed by a real worker; their ids, in FAILING's order."""
+    client = awa.AsyncClient(pg_url(side.url))
+
+    async def fails(job: Any) -> Any:
+        raise RuntimeError("fails for good")
+
+    for kind, queue in sorted({(kind, queue) for kind, queue, _, _ in FAILING}):
+        client.task(dict, kind=kind, queue=queue)(fails)
+    await client.start(
+        [("work_q", 2), ("fail_q", 2), ("rb_q", 1), ("async_q", 1)],
+        promote_interval_ms=600_000,
+        heartbeat_interval_ms=600_000,
+    )
+    try:
+        ids = []
+        for n, (kind, queue, priority, options) in enumerate(FAILING):
+            job = await client.insert(
+                {"f": n}, kind=kind, queue=queue, priority=priority, max_attempts=1, **options
+            )
+            ids.append(job.id)
+        for _ in range(1200):
+            with side.engine.connect() as conn:
+                failed = conn.execute(
+                    sa.text(
+                        "SELECT count(*) FROM awa.done_entries"
+                        " WHERE state = 'failed' AND job_id = ANY(:ids)"
+                    ),
+                    {"ids": ids},
+                ).scalar_one()
+            if failed == len(ids):
+                return ids
+            await asyncio.sleep(0.05)  # the worker's own pace: no lock to watch here
+        raise AssertionError("the worker did not fail every job within 60 s")
+    finally:
+        await client.shutdown()
+        await client.close()
+
+
+@pytest.fixture(scope="module")
+def failed(sides: tuple[Side, Side]) -> dict[str, int]:
+    """FAILING's jobs failed on both twins (the same ids), by kind: the first of each kind."""
+    made = [asyncio.run(_fail(side)) for side in sides]
+    assert made[0] == made[1]
+    ids: dict[str, int] = {}
+    for (kind, *_), job_id in zip(FAILING, made[0], strict=True):
+        ids.setdefault(kind, job_id)
+    return ids
+
+
+def _pg(url: str, call: Callable[[awa.AsyncClient], Any]) -> Any:
+    async def run() -> Any:
+        client = awa.AsyncClient(pg_url(url))
+        try:
+            return await call(client)
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
+def _heard(side: Side, act: Callable[[], Any]) -> tuple[Any, list[tuple[str, str]]]:
+    """*act*'s result and the NOTIFYs it sent on the queues' channels, in order."""
+    marker = "awa_sa_test_step"
+    listener = psycopg.connect(pg_url(side.url), autocommit=True)
+    try:
+        for channel in ("awa:work_q", "awa:fail_q", "awa:idle_q", "awa:rb_q", marker):
+            listener.execute(f'LISTEN "{channel}"')
+        got = act()
+        listener.execute(f"NOTIFY {marker}")
+        heard: list[tuple[str, str]] = []
+        for note in listener.notifies(timeout=30):
+            if note.channel == marker:
+                return got, heard
+            heard.append((note.channel, note.payload))
+        raise AssertionError("the marker NOTIFY never arrived")
+    finally:
+        listener.close()
+
+
+def _on_sa(side: Side, call: Callable[[sa.Connection], Any]) -> Any:
+    """*call* in a caller's transaction that also commits a business row."""
+    with side.engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO public.business VALUES ('retried')"))
+        return call(conn)
+
+
+def _twins(
+    sides: tuple[Side, Side],
+    on_pg: Callable[[awa.AsyncClient], Any],
+    on_sa: Callable[[sa.Connection], Any],
+    touched: set[str],
+) -> tuple[Any, Any]:
+    """awa-pg's call on one twin, awa-sa's on the other: the same rows changed (at least in
+    the tables *touched*), the same NOTIFYs; both results."""
+    pg_side, sa_side = sides
+    before = snapshot(pg_side.engine), snapshot(sa_side.engine)
+    business = _count_business(sa_side)
+    got_pg, pg_heard = _heard(pg_side, lambda: _pg(pg_side.url, on_pg))
+    got_sa, sa_heard = _heard(sa_side, lambda: _on_sa(sa_side, on_sa))
+    changed = change(before[1], snapshot(sa_side.engine))
+    assert changed == change(before[0], snapshot(pg_side.engine))
+    assert touched <= set(changed), sorted(changed)
+    assert sa_heard == pg_heard
+    assert bool(sa_heard) == ("awa.ready_entries" in touched), sa_heard
+    assert _count_business(sa_side) == business + 1
+    return got_pg, got_sa
+
+
+def _count_business(side: Side) -> int:
+    with side.engine.connect() as conn:
+        return int(conn.execute(sa.text("SELECT count(*) FROM public.business")).scalar_one())
+
+
+def _same_job(got_sa: awa_sa.JobRow, got_pg: Any) -> None:
+    assert (got_sa.id, got_sa.kind, got_sa.queue, got_sa.attempt, got_sa.args) == (
+        got_pg.id,
+        got_pg.kind,
+        got_pg.queue,
+        got_pg.attempt,
+        got_pg.args,
+    )
+    assert (got_sa.tags, got_sa.metadata, got_sa.priority) == (
+        got_pg.tags,
+        got_pg.metadata,
+        got_pg.priority,
+    )
+    assert (got_sa.state, got_sa.storage, got_sa.attempt) == ("available", "awa", 0)
+
+
+RETRIED = {
+    "awa.done_entries",
+    "awa.queue_terminal_count_deltas",
+    "awa.ready_entries",
+    "awa.ready_segments",
+    "sequences",
+}
+"""What every retry changes: the terminal row gone, its delta, the new ready row and segment,
+the lane's enqueue sequence."""
+
+
+def test_retry_job_of_a_failed_job_writes_what_awa_pg_writes(
+    sides: tuple[Side, Side], failed: dict[str, int]
+) -> None:
+    """Failed by the real worker, with a unique key: its claim is taken again."""
+    job_id = failed["fails_one"]
+    got_pg, got_sa = _twins(
+        sides,
+        lambda c: c.retry(job_id),
+        lambda conn: awa_sa.retry_job(conn, job_id),
+        RETRIED | {"awa.job_unique_claims"},
+    )
+    _same_job(got_sa, got_pg)
+    assert len(got_sa.errors) == len(got_pg.errors) == 1
+
+
+def test_retry_job_of_a_cancelled_job_writes_what_awa_pg_writes(sides: tuple[Side, Side]) -> None:
+    """A scheduled job cancelled by awa-pg on both twins (a ``done_entries`` row of its own,
+    not ready-backed), then retried."""
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    ids = []
+    for side in sides:
+        job = _pg(side.url, lambda c: c.insert({"c": 1}, kind="idle", queue="idle_q", run_at=later))
+        _pg(side.url, lambda c, i=job.id: c.cancel(i))  # type: ignore[misc]
+        ids.append(job.id)
+    assert ids[0] == ids[1]
+    got_pg, got_sa = _twins(
+        sides, lambda c: c.retry(ids[0]), lambda conn: awa_sa.retry_job(conn, ids[0]), RETRIED
+    )
+    _same_job(got_sa, got_pg)
+
+
+def test_retry_failed_by_kind_and_by_queue_write_what_awa_pg_writes(
+    sides: tuple[Side, Side], failed: dict[str, int]
+) -> None:
+    for by in ({"kind": "fails_kind"}, {"queue": "fail_q"}):
+        got_pg, got_sa = _twins(
+            sides,
+            lambda c, by=by: c.retry_failed(**by),  # type: ignore[misc]
+            lambda conn, by=by: awa_sa.retry_failed(conn, **by),  # type: ignore[misc]
+            RETRIED,
+        )
+        assert (got_sa.matched, got_sa.pruned_failed_count) == (
+            got_pg.matched,
+            got_pg.pruned_failed_count,
+        ), by
+        assert len(got_sa.jobs) == len(got_pg.jobs) == 2, by
+        for sa_job, pg_job in zip(
+            got_sa.jobs, sorted(got_pg.jobs, key=lambda j: j.id), strict=True
+        ):
+            _same_job(sa_job, pg_job)
+
+
+def test_a_retry_whose_key_another_job_holds_raises_as_awa_pg_and_writes_nothing(
+    sides: tuple[Side, Side], failed: dict[str, int]
+) -> None:
+    """A failed job's key taken meanwhile by a new scheduled job: awa-pg raises UniqueConflict
+    and its rollback leaves only its lane reservation behind (a gap); awa-sa raises before
+    it reserves, and with the caller's rollback nothing at all is left."""
+    job_id = failed["fails_held"]
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    for side in sides:
+        _pg(
+            side.url,
+            lambda c: c.insert(
+                {"f": len(FAILING) - 1},
+                kind="fails_held",
+                queue="work_q",
+                run_at=later,
+                unique_opts={"by_args": True},
+            ),
+        )
+    pg_side, sa_side = sides
+    before = snapshot(pg_side.engine), snapshot(sa_side.engine)
+    with pytest.raises(awa.UniqueConflict):
+        _pg(pg_side.url, lambda c: c.retry(job_id))
+    with sa_side.engine.connect() as conn, pytest.raises(UniqueConflict):
+        awa_sa.retry_job(conn, job_id)
+    assert snapshot(sa_side.engine) == before[1]
+    assert list(change(before[0], snapshot(pg_side.engine))) == ["sequences"]
+
+
+def test_discard_failed_writes_what_awa_pg_writes(
+    sides: tuple[Side, Side], failed: dict[str, int]
+) -> None:
+    got_pg, got_sa = _twins(
+        sides,
+        lambda c: c.discard_failed("fails_discard"),
+        lambda conn: awa_sa.discard_failed(conn, "fails_discard"),
+        {"awa.done_entries", "awa.queue_terminal_count_deltas"},
+    )
+    assert got_sa == got_pg == 2
+
+
+def test_a_rolled_back_retry_leaves_the_jobs_as_they_were_but_a_lane_gap(
+    sides: tuple[Side, Side], failed: dict[str, int]
+) -> None:
+    """Every row as it was; only the lane's enqueue sequence moved on (a reservation is not
+    transactional). Then a committed retry after the gap is claimed by a real worker."""
+    _, sa_side = sides
+    before = snapshot(sa_side.engine)
+    for retry in (
+        lambda conn: awa_sa.retry_job(conn, failed["fails_rb"]),
+        lambda conn: awa_sa.retry_failed(conn, kind="fails_rb"),
+    ):
+        with sa_side.engine.connect() as conn:
+            assert retry(conn) is not None
+            conn.rollback()
+    after = snapshot(sa_side.engine)
+    moved = change(before, after)
+    assert list(moved) == ["sequences"], moved
+    (gone,), (now,) = moved["sequences"]
+    assert gone.split(",")[0] == now.split(",")[0]
+    assert "queue_enqueue_seq_" in now
+    # Two numbers reserved and never filled: the gap.
+    assert int(now.rstrip(")").split(",")[1]) - int(gone.rstrip(")").split(",")[1]) == 2
+    asyncio.run(_claimed_after_gap(sa_side, failed["fails_rb"]))
+
+
+async def _claimed_after_gap(side: Side, job_id: int) -> None:
+    """The committed retry of the job, behind two rolled-back reservations of its lane, is
+    claimed and run by a real awa-pg worker."""
+    with side.engine.begin() as conn:
+        assert awa_sa.retry_job(conn, job_id) is not None
+    client = awa.AsyncClient(pg_url(side.url))
+    ran = asyncio.Event()
+
+    async def runs(job: Any) -> Any:
+        ran.set()
+
+    client.task(dict, kind="fails_rb", queue="rb_q")(runs)
+    await client.start([("rb_q", 1)], promote_interval_ms=600_000, heartbeat_interval_ms=600_000)
+    try:
+        await asyncio.wait_for(ran.wait(), 60)
+    finally:
+        await client.shutdown()
+        await client.close()
+    with side.engine.connect() as conn:
+        state = conn.execute(
+            sa.text(
+                "SELECT state::text FROM awa.done_entries WHERE job_id = :i"
+                " ORDER BY finalized_at DESC LIMIT 1"
+            ),
+            {"i": job_id},
+        ).scalar()
+    assert state == "completed"
+
+
+def test_the_async_twins_retry_and_discard_on_queue_storage_with_asyncpg(
+    sides: tuple[Side, Side], failed: dict[str, int]
+) -> None:
+    """The job ids travel as a ``bigint[]``: asyncpg's own binding, on one twin only (last)."""
+    _, sa_side = sides
+    url = sa.make_url(sa_side.url).set(drivername="postgresql+asyncpg")
+
+    async def run() -> tuple[awa_sa.JobRow | None, awa_sa.RetriedFailed, int]:
+        engine = create_async_engine(url)
+        try:
+            async with engine.begin() as conn:
+                one = await awa_async.retry_job(conn, failed["fails_async"])
+                rest = await awa_async.retry_failed(conn, queue="async_q")
+                gone = await awa_async.discard_failed(conn, "fails_async")
+            return one, rest, gone
+        finally:
+            await engine.dispose()
+
+    one, rest, gone = asyncio.run(run())
+    assert one is not None
+    assert (one.id, one.state, one.storage, one.tags) == (
+        failed["fails_async"],
+        "available",
+        "awa",
+        ["x"],
+    )
+    assert (len(rest.jobs), rest.matched, rest.pruned_failed_count) == (1, 1, 0)
+    assert rest.jobs[0].id == failed["fails_async"] + 1
+    assert gone == 0  # both are available again: no failed row left to discard
+    with sa_side.engine.connect() as conn:
+        ready = conn.execute(
+            sa.text(
+                "SELECT job_id, attempt FROM awa.ready_entries WHERE queue = 'async_q'"
+                " ORDER BY lane_seq DESC LIMIT 2"
+            )
+        ).all()
+    assert sorted(tuple(r) for r in ready) == [(one.id, 0), (one.id + 1, 0)]

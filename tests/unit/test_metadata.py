@@ -9,7 +9,7 @@ from sqlalchemy.sql import visitors
 from sqlalchemy.sql.dml import UpdateBase
 from sqlalchemy.sql.expression import Alias, TableClause
 
-from awa_sa import queue_storage, statements, tables
+from awa_sa import queue_storage, runtime_tables, statements, tables
 
 QS = queue_storage.QS_PLACEHOLDER
 WRITTEN = [
@@ -32,11 +32,16 @@ WRITTEN = [
     ("DELETE", "awa.scheduled_jobs"),
     ("INSERT", "awa.jobs_hot"),
     ("DELETE", f"{QS}.deferred_jobs"),
+    ("DELETE", f"{QS}.done_entries"),
+    ("DELETE", f"{QS}.dlq_entries"),
+    ("INSERT", f"{QS}.ready_entries"),
+    ("INSERT", f"{QS}.ready_segments"),
 ]
 """Each verb and relation the statements write: the canonical move and its claims, the
 endings in place, the queue-storage rows of a migrated or cancelled attempt, and the settle of
 a queue-storage attempt (its closure, its next row, its claim), and the administering of
-canonical jobs (the view's DELETE and INSERT) and the cancel of a deferred queue-storage job."""
+canonical jobs (the view's DELETE and INSERT), the cancel of a deferred queue-storage job, and
+the queue-storage retry (a terminal row deleted, the job enqueued again) and discard."""
 
 
 def _writes() -> list[tuple[str, TableClause]]:
@@ -58,6 +63,7 @@ def test_metadata_covers_every_relation_the_library_writes() -> None:
     a lightweight ``sa.table()``, and not the suite's observed_tables, which it never writes."""
     library = {id(t) for t in tables.metadata.sorted_tables}
     library |= {id(t) for t in queue_storage.metadata.sorted_tables}
+    library |= {id(t) for t in runtime_tables.metadata.sorted_tables}
     writes = _writes()
     assert sorted({(verb, table.fullname) for verb, table in writes}) == sorted(WRITTEN)
     assert [table.fullname for _, table in writes if id(table) not in library] == []
@@ -68,6 +74,7 @@ def test_every_relation_a_statement_reaches_is_a_declared_table() -> None:
     lightweight ``sa.table()``, or a second ``Table`` for an existing name)."""
     declared = {id(table) for table in tables.metadata.sorted_tables}
     declared |= {id(table) for table in queue_storage.metadata.sorted_tables}
+    declared |= {id(table) for table in runtime_tables.metadata.sorted_tables}
     declared |= {id(table) for table in tables.postgres_catalog.sorted_tables}
     reached = {
         element

@@ -1,0 +1,141 @@
+"""Retrying and discarding failed jobs once routing points at a queue-storage schema.
+
+The flow of :mod:`awa_sa.statements.admin_qs_retry` and :mod:`~awa_sa.statements.admin_qs_discard`
+(docs/administer.md): refusals first, while nothing is written, then the receipts' advisory
+locks, the claims, each lane ensured as awa-pg ensures it (:mod:`awa_sa.statements.duplicate`'s
+steps), the ring cursor, and one statement that writes every job. The lane's enqueue sequence
+advances outside the transaction, as awa-pg's and Awa's own SQL producer's do: a rollback
+leaves a gap in the lane, which the claim side steps over (docs/contract.md#administer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import Connection
+
+from awa_sa.compiled import run
+from awa_sa.errors import DatabaseError, QueueStorageJobs, UniqueConflict
+from awa_sa.queue_storage import translate_map
+from awa_sa.statements.admin_canonical import JobRow
+from awa_sa.statements.admin_qs_discard import discard_failed_qs, discard_targets
+from awa_sa.statements.admin_qs_retry import (
+    By,
+    failed_matched,
+    pruned_failed,
+    retry_claims,
+    retry_done,
+    retry_targets,
+    sharded_queues,
+    waits_on_callback,
+)
+from awa_sa.statements.duplicate import (
+    ENSURE_CLAIM_HEAD,
+    ENSURE_ENQUEUE_HEAD,
+    ENSURE_LANE_ROW,
+    ENSURE_LANE_SEQUENCES,
+    LANE_LOCK,
+    RING_CURSOR,
+    Lane,
+)
+from awa_sa.statements.receipt_settles import receipt_lock
+
+VERBS = {"job": "retry_job", "kind": "retry_failed", "queue": "retry_failed"}
+
+
+def retried(
+    conn: Connection, schema: str, by: By, binds: Mapping[str, Any]
+) -> tuple[list[JobRow], int, int | None]:
+    """Retry job ``b_job_id``, or the failed jobs of kind or queue ``b_key``, as awa-pg's
+    queue-storage retry does: the new rows, how many jobs matched, and for a queue the
+    failed rows already pruned (awa-pg's ``pruned_failed_count``)."""
+    options = {"schema_translate_map": translate_map(schema)}
+    verb = VERBS[by]
+    targets = conn.execute(retry_targets(by=by), binds, execution_options=options).all()
+    waiting = [t.job_id for t in targets if t.waits]
+    lone = by == "job" and not targets
+    if lone and conn.execute(waits_on_callback(), binds, execution_options=options).scalar_one():
+        waiting = [binds["b_job_id"]]
+    if waiting:
+        why = f"job {waiting[0]} waits on a callback (a leases row), which awa-sa does not resume"
+        raise QueueStorageJobs(verb, schema, why)
+    matched, pruned = len(targets), None
+    if by != "job":
+        counted = conn.execute(failed_matched(by=by), binds, execution_options=options).scalar()
+        matched = int(counted or 0)
+    if by == "queue":
+        summed = conn.execute(pruned_failed(), binds, execution_options=options).scalar()
+        pruned = int(summed or 0)
+    if not targets:
+        return [], matched, pruned
+    queues = sorted({t.queue for t in targets})
+    sharded = conn.execute(sharded_queues(), {"b_queues": queues}).scalars().first()
+    if sharded is not None:
+        why = f"queue {sharded!r} has more than one enqueue shard (awa-pg's pick is its own)"
+        raise QueueStorageJobs(verb, schema, why)
+    ids = [int(t.job_id) for t in targets]
+    leases = {"b_job_id": ids, "b_run_lease": [int(t.run_lease) for t in targets]}
+    conn.execute(receipt_lock(batch=True), leases)
+    claims = conn.execute(retry_claims(), {"b_job_ids": ids}, execution_options=options).one()
+    if claims.taken < claims.wanted:
+        raise UniqueConflict("idx_awa_jobs_unique", "a retried job's unique key is held")
+    for queue, priority in sorted({(t.queue, t.priority) for t in targets}):
+        lane = Lane(schema, queue, priority)
+        run(conn, LANE_LOCK, lane)
+        for ensure in (ENSURE_LANE_ROW, ENSURE_ENQUEUE_HEAD, ENSURE_CLAIM_HEAD):
+            run(conn, ensure, lane, schema)
+        run(conn, ENSURE_LANE_SEQUENCES, lane, schema)
+    ring = run(conn, RING_CURSOR, None, schema)
+    if ring is None:
+        raise DatabaseError(f"{schema}.queue_ring_state has no singleton row")
+    at_ring = {
+        "b_job_ids": ids,
+        "b_ready_slot": ring.current_slot,
+        "b_ready_generation": ring.generation,
+    }
+    rows = conn.execute(retry_done(), at_ring, execution_options=options).all()
+    return [JobRow(**ready_job_fields(row), storage=schema) for row in rows], matched, pruned
+
+
+def discarded(conn: Connection, schema: str, kind: str) -> int:
+    """Discard the failed jobs of *kind* as awa-pg's queue-storage discard does; how many
+    rows went (``done_entries`` and ``dlq_entries``), as awa-pg counts them."""
+    options = {"schema_translate_map": translate_map(schema)}
+    binds = {"b_key": kind}
+    pairs = conn.execute(discard_targets(), binds, execution_options=options).all()
+    if pairs:
+        ids = [int(p.job_id) for p in pairs]
+        leases = [int(p.run_lease) for p in pairs]
+        conn.execute(receipt_lock(batch=True), {"b_job_id": ids, "b_run_lease": leases})
+    return int(conn.execute(discard_failed_qs(), binds, execution_options=options).scalar_one())
+
+
+def ready_job_fields(row: Any) -> dict[str, Any]:
+    """A new ``ready_entries`` row as :class:`JobRow`'s fields, as awa-pg builds the row it
+    returns: available, errors, metadata, tags and progress from the payload."""
+    values = row._mapping
+    payload = values["payload"] or {}
+    nothing = ("heartbeat_at", "deadline_at", "finalized_at", "unique_states", "callback_id")
+    callbacks = ("callback_timeout_at", "callback_filter", "callback_on_complete")
+    more = ("callback_on_fail", "callback_transform")
+    return {
+        **dict.fromkeys((*nothing, *callbacks, *more)),
+        "id": values["job_id"],
+        "kind": values["kind"],
+        "queue": values["queue"],
+        "args": values["args"],
+        "state": "available",
+        "priority": values["priority"],
+        "attempt": values["attempt"],
+        "max_attempts": values["max_attempts"],
+        "run_at": values["run_at"],
+        "attempted_at": values["attempted_at"],
+        "created_at": values["created_at"],
+        "errors": list(payload.get("errors") or []),
+        "metadata": payload.get("metadata") or {},
+        "tags": list(payload.get("tags") or []),
+        "unique_key": None if values["unique_key"] is None else bytes(values["unique_key"]),
+        "run_lease": values["run_lease"],
+        "progress": payload.get("progress"),
+    }

@@ -54,7 +54,7 @@ from bench import (
     server_cost,
     variants,
 )
-from bench.measure import interleave
+from bench.measure import Supply, interleave
 from bench.proxy import Distant
 from bench.report import report
 from bench.workload import KIND, Jobs, awa_cli, create_database, database_url
@@ -98,7 +98,7 @@ def single_call(host: str, port: int, dbname: str, url: str, a: Any) -> dict[str
 
 
 def _rounds(
-    items: list[variants.Variant], url: str, a: Any, supply: Any = None
+    items: list[variants.Variant], url: str, a: Any, supply: Supply | None = None
 ) -> list[dict[str, Any]]:
     """*a.single_rounds* independent measurements of *items*: fresh attempts and a warm-up
     each, so that a ratio is read as its spread across rounds, not one round's value.
@@ -131,7 +131,9 @@ def queue_storage_settles(url: str, a: Any) -> dict[str, Any]:
     return _measured(receipts.build(url, supply), url, a, supply)
 
 
-def _measured(built: variants.Variants, url: str, a: Any, supply: Any = None) -> dict[str, Any]:
+def _measured(
+    built: variants.Variants, url: str, a: Any, supply: Supply | None = None
+) -> dict[str, Any]:
     """*built*'s variants measured as rounds, then closed: the medians, the rounds, the groups."""
     try:
         rounds = _rounds(built.items, url, a, supply)

@@ -17,7 +17,9 @@ fixture flipped into ``mixed_transition`` towards ``awa_qs``. Parts, in order:
    and the settle of a queue-storage attempt against its own statements sent raw
    (:mod:`bench.receipts`);
 8. only when asked (``--only pooled``): 16 callers through PgBouncer beside 16 direct
-   (:mod:`bench.pooled`).
+   (:mod:`bench.pooled`);
+9. only when asked (``--only enqueue``): one new job against Awa's producer function sent raw,
+   and 10,000 in one transaction against awa-pg's COPY and single calls (:mod:`bench.enqueue`).
 
 Run it as ``.venv/bin/python -m bench``; figures also go to ``bench/results.json``.
 """
@@ -45,13 +47,14 @@ from bench import (
     breakdown,
     concurrency,
     endings,
+    enqueue,
     layers,
     pooled,
     receipts,
     server_cost,
     variants,
 )
-from bench.measure import interleave
+from bench.measure import Supply, interleave
 from bench.proxy import Distant
 from bench.report import report
 from bench.workload import KIND, Jobs, awa_cli, create_database, database_url
@@ -70,8 +73,9 @@ PARTS = (
     "endings",
     "receipts",
 )
-OPTIONAL_PARTS = ("pooled",)
-"""Run only when named in --only: ``pooled`` needs pgbouncer and takes a minute."""
+OPTIONAL_PARTS = ("pooled", "enqueue")
+"""Run only when named in --only: ``pooled`` needs pgbouncer and takes a minute, ``enqueue``
+writes 10,000 jobs many times over and takes minutes."""
 
 
 def single_call(host: str, port: int, dbname: str, url: str, a: Any) -> dict[str, Any]:
@@ -94,7 +98,7 @@ def single_call(host: str, port: int, dbname: str, url: str, a: Any) -> dict[str
 
 
 def _rounds(
-    items: list[variants.Variant], url: str, a: Any, supply: Any = None
+    items: list[variants.Variant], url: str, a: Any, supply: Supply | None = None
 ) -> list[dict[str, Any]]:
     """*a.single_rounds* independent measurements of *items*: fresh attempts and a warm-up
     each, so that a ratio is read as its spread across rounds, not one round's value.
@@ -127,7 +131,9 @@ def queue_storage_settles(url: str, a: Any) -> dict[str, Any]:
     return _measured(receipts.build(url, supply), url, a, supply)
 
 
-def _measured(built: variants.Variants, url: str, a: Any, supply: Any = None) -> dict[str, Any]:
+def _measured(
+    built: variants.Variants, url: str, a: Any, supply: Supply | None = None
+) -> dict[str, Any]:
     """*built*'s variants measured as rounds, then closed: the medians, the rounds, the groups."""
     try:
         rounds = _rounds(built.items, url, a, supply)
@@ -137,6 +143,18 @@ def _measured(built: variants.Variants, url: str, a: Any, supply: Any = None) ->
         "variants": _medians(rounds),
         "rounds": rounds,
         "groups": {v.name: v.group for v in built.items},
+    }
+
+
+def enqueueing(server: EmbeddedPostgres, a: Any) -> dict[str, Any]:
+    """Part 9 (:mod:`bench.enqueue`): one job against the raw statement as rounds, its round
+    trips, then the bulk ways."""
+    urls = enqueue.databases(server, a.cluster)
+    return {
+        "single": _measured(enqueue.build(urls), "", a, enqueue.Numbers()),
+        "round_trips": enqueue.round_trips(server.port, urls),
+        "size": a.enqueue_size,
+        "bulk": enqueue.bulk(urls, a.enqueue_size, a.enqueue_rounds),
     }
 
 
@@ -257,6 +275,8 @@ def main() -> None:
     parser.add_argument("--callers-rounds", type=int, default=2)
     parser.add_argument("--batch-rounds", type=int, default=5)
     parser.add_argument("--pooled-seconds", type=float, default=30.0)
+    parser.add_argument("--enqueue-size", type=int, default=10_000, help="jobs per bulk way")
+    parser.add_argument("--enqueue-rounds", type=int, default=3, help="bulk rounds, median")
     parser.add_argument(
         "--cluster", choices=("awa", "fixture"), default="awa" if awa_cli() else "fixture"
     )
@@ -323,6 +343,7 @@ def main() -> None:
         canon.dispose()
         qs.dispose()
         timed("pooled", pooled.run, server, a.pooled_seconds)
+        timed("enqueue", enqueueing, server, a)
     machine = {
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -339,6 +360,8 @@ def main() -> None:
     report(results)
     if "pooled" in results:
         print(pooled.summary(results["pooled"]))
+    if "enqueue" in results:
+        print(enqueue.summary(results["enqueue"]))
     a.json.write_text(json.dumps(results, indent=2, default=str))
     print(f"{results['seconds']:.0f} s; figures written to {a.json}")
 

@@ -24,9 +24,17 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from bench.variants import Variant
-from bench.workload import Jobs
+
+
+class Supply(Protocol):
+    """What each call is given, ``(id, run_lease)``: running attempts, or plain numbers."""
+
+    def seed(self, count: int) -> None: ...
+
+    def take(self, count: int) -> list[tuple[int, int]]: ...
 
 
 @dataclass
@@ -48,7 +56,7 @@ class Samples:
 
 def interleave(
     variants: Sequence[Variant],
-    jobs: Jobs,
+    jobs: Supply,
     *,
     rounds: int,
     per_round: int,

@@ -216,3 +216,32 @@ def test_one_core_pins_the_bench_and_its_server(tmp_path: Path) -> None:
     for name in ("psycopg awa-sa Engine", "psycopg awa-sa Connection"):
         row = next(line for line in printed.splitlines() if line.strip().startswith(name))
         assert row.count("x [") == 3  # over the floor, the kept connection's and the pool's
+
+
+def test_the_enqueue_part_compares_one_job_with_the_raw_statement_and_bulk_ways(
+    tmp_path: Path,
+) -> None:
+    """``--only enqueue`` (optional, so not in the shared run): every variant on both planes,
+    the round trips per call at the proxy and the statements per bulk way at the server, which
+    do not depend on timing, and each ratio the issue names, printed with its target."""
+    tiny = ("--single-rounds", "1", "--rounds", "1", "--per-round", "2", "--warmup", "2")
+    sizes = ("--enqueue-size", "5", "--enqueue-rounds", "1", "--only", "enqueue")
+    written, printed = _bench(tmp_path, *tiny, *sizes)
+    part = written["enqueue"]
+    forms = {"floor": 1.0, "in-transaction floor": 1.0, "awa-sa Engine": 3.0}
+    forms["awa-sa Connection"] = 1.0  # the Engine form's BEGIN and COMMIT are its own
+    names = {
+        f"psycopg {plane} enqueue {form}": trips
+        for plane in ("canonical", "queue storage")
+        for form, trips in forms.items()
+    }
+    assert part["round_trips"] == names
+    assert list(part["single"]["variants"]) == list(names)
+    assert _not_positive(part["single"]["variants"], "wall_us", "cpu_us") == []
+    statements = {"awa-sa enqueue_many": 3, "awa-pg insert_many_copy": 5, "awa-sa enqueue x N": 7}
+    for plane in ("canonical", "queue storage"):
+        ways = part["bulk"][plane]
+        assert {name: row["statements"] for name, row in ways.items()} == statements
+        assert _not_positive(ways, "seconds", "jobs_per_s") == []
+    for label in ("enqueue_many / COPY", "singles / enqueue_many"):
+        assert sum(line.strip().startswith(label) for line in printed.splitlines()) == 2

@@ -1,0 +1,284 @@
+"""Part ``enqueue`` (issue 36): new jobs, one at a time against the raw statement, and in bulk.
+
+Two databases of their own, one canonical and one with queue storage active (built by ``awa
+migrate`` and flipped by the awa CLI, or the Alembic fixture in those phases), so that every
+job goes through ``awa.insert_job_compat`` to the plane of its phase.
+
+* **One job**: awa-sa's ``enqueue`` against ``SELECT * FROM awa.insert_job_compat(...)`` sent
+  by hand on psycopg 3, prepared, with the values awa-sa binds for the same job: alone in
+  autocommit on the Engine form's pooled connection, checked out outside the clock (the
+  floor), and inside a transaction the caller has open on the Connection form's held
+  connection (the in-transaction floor), as :mod:`bench.endings` compares its endings. The
+  variants are interleaved in short blocks by :func:`bench.measure.interleave`; the round
+  trips per call are counted by a second, short pass through :mod:`bench.proxy` (no delay).
+* **Bulk**: *size* jobs in one transaction, three ways: awa-sa's ``enqueue_many`` (Engine
+  form), awa-pg 0.6.9's ``Client.insert_many_copy`` (COPY into a staging table), and *size*
+  single ``enqueue`` calls (Connection form). Each way runs once per round, the three in turn,
+  and its median is kept, with the statements the server ran for it (``pg_stat_statements``,
+  top level, BEGIN, COMMIT and COPY included, the harness's own subtracted): awa-pg's counted
+  the same way as ours.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
+import awa
+import sqlalchemy as sa
+
+import awa_sa
+from awa_sa.testing.server import EmbeddedPostgres
+from bench.floor import Borrowed, directly, set_autocommit
+from bench.measure import interleave
+from bench.proxy import Distant
+from bench.report import spread
+from bench.variants import Variant, Variants
+from bench.workload import awa_cli, create_database, database_url
+
+PLANES = {"canonical": "enqueue", "queue storage": "enqueue_qs"}
+"""Each plane's database."""
+KIND = "bench"
+RAW = (
+    "SELECT * FROM awa.insert_job_compat(%s, %s, %s::jsonb, %s::awa.job_state, %s::smallint,"
+    " %s::smallint, %s::timestamptz, %s::jsonb, %s::text[], %s::bytea, %s::bit(8), %s::bytea)"
+)
+"""The producer function called by hand, as awa-pg's own ``insert`` calls it."""
+TARGETS = {"enqueue_many / COPY": ("<=", 1.0), "singles / enqueue_many": (">=", 20.0)}
+"""Issue 36's: ``enqueue_many``'s time over ``insert_many_copy``'s at most, and *size* single
+``enqueue`` calls' over ``enqueue_many``'s at least."""
+
+Way = Callable[[list[dict[str, Any]]], None]
+
+
+def _args(n: int, tag: str = "") -> dict[str, Any]:
+    return {"n": n, "round": tag, "to": f"user{n}@example.com"}
+
+
+class Numbers:
+    """The interleaving's supply for calls that need no running attempt: fresh numbers."""
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def seed(self, count: int) -> None:
+        pass
+
+    def take(self, count: int) -> list[tuple[int, int]]:
+        self.next += count
+        return [(n, 0) for n in range(self.next - count, self.next)]
+
+
+def databases(server: EmbeddedPostgres, cluster: str) -> dict[str, str]:
+    """Each plane's database on *server* (``awa migrate`` for *cluster* ``awa``): its URL."""
+    create_database(server, PLANES["canonical"], cluster, "canonical")
+    qs = PLANES["queue storage"]
+    if cluster == "awa":
+        create_database(server, qs, "awa", "canonical")
+        _flip_to_active(server, qs)
+    else:
+        create_database(server, qs, "fixture", "active")
+    return {plane: database_url(server, name) for plane, name in PLANES.items()}
+
+
+def _flip_to_active(server: EmbeddedPostgres, name: str) -> None:
+    cli = awa_cli()
+    assert cli is not None
+    env = {**os.environ, "DATABASE_URL": server.database_url(name, "postgres"), "RUST_LOG": "warn"}
+    for args in (
+        ["storage", "prepare-queue-storage-schema", "--schema", "awa_qs"],
+        ["storage", "prepare", "--engine", "queue_storage", "--details", '{"schema": "awa_qs"}'],
+        ["storage", "enter-mixed-transition", "--quiesced"],
+        ["storage", "finalize"],
+    ):
+        subprocess.run([cli, *args], env=env, check=True, capture_output=True, timeout=120)
+
+
+def build(urls: dict[str, str]) -> Variants:
+    """Per plane: the raw statement's two floors and awa-sa's Engine and Connection forms."""
+    out = Variants()
+    for plane, url in urls.items():
+        engine = sa.create_engine(url, pool_size=2)
+        held = engine.connect()
+        out.closers += [engine.dispose, held.close]
+        out.items += _variants(f"psycopg {plane} enqueue", engine, held)
+    return out
+
+
+def _variants(group: str, engine: sa.Engine, held: sa.Connection) -> list[Variant]:
+    alone = Borrowed(engine, directly, set_autocommit)  # the Engine form's backend
+
+    def raw(conn: Any, n: int) -> Any:
+        # What awa-sa binds for the job (awa_sa.jobs.JobValues), the args serialised here too.
+        values = (KIND, "default", json.dumps(_args(n)), "available", 2, 25, None, "{}")
+        return conn.execute(RAW, (*values, [], None, None, None), prepare=True).fetchall()
+
+    def held_begin() -> None:
+        held.begin()
+        held.exec_driver_sql("SELECT 1").all()
+
+    return [
+        Variant(group, "floor", lambda n, _: raw(alone.conn, n), alone.before, alone.after),
+        Variant(
+            group,
+            "in-transaction floor",
+            lambda n, _: raw(held.connection.driver_connection, n),
+            held_begin,
+            held.commit,
+        ),
+        Variant(group, "awa-sa Engine", lambda n, _: awa_sa.enqueue(engine, _args(n), kind=KIND)),
+        Variant(
+            group,
+            "awa-sa Connection",
+            lambda n, _: awa_sa.enqueue(held, _args(n), kind=KIND),
+            held_begin,
+            held.commit,
+        ),
+    ]
+
+
+def round_trips(port: int, urls: dict[str, str], calls: int = 5) -> dict[str, float]:
+    """Each variant's round trips per call, counted at a proxy that adds no delay."""
+    # Warmed past psycopg's fifth execution of a statement, which prepares it in a round trip
+    # of its own.
+    with Distant(port, 0.0, seconds=120) as proxy:
+        far = {
+            p: sa.make_url(u).set(port=proxy.port).render_as_string(False) for p, u in urls.items()
+        }
+        built = build(far)
+        try:
+            samples = interleave(
+                built.items,
+                Numbers(),
+                rounds=1,
+                per_round=calls,
+                warmup=10,
+                count=proxy.round_trips,
+            )
+        finally:
+            built.close()
+    return {name: s.round_trips / s.calls for name, s in samples.items()}
+
+
+def bulk(urls: dict[str, str], size: int, rounds: int) -> dict[str, Any]:
+    """Per plane, each way's median seconds, jobs per second and statements."""
+    out: dict[str, Any] = {}
+    for plane, url in urls.items():
+        engine = sa.create_engine(url, pool_size=2)
+        with engine.begin() as conn:
+            conn.execute(sa.text("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
+            # The server tracks nothing (bench.server_cost); from here on this database's every
+            # new connection is tracked, awa-pg's too.
+            name = sa.make_url(url).database
+            conn.execute(sa.text(f'ALTER DATABASE "{name}" SET pg_stat_statements.track = top'))
+        engine.dispose()  # its connections predate the setting
+        admin = sa.create_engine(url, pool_size=1, isolation_level="AUTOCOMMIT")
+        client = awa.Client(sa.make_url(url).set(drivername="postgresql").render_as_string(False))
+        try:
+            out[plane] = _measure(admin, _ways(engine, client), size, rounds)
+        finally:
+            client.close()
+            engine.dispose()
+            admin.dispose()
+    return out
+
+
+def _ways(engine: sa.Engine, client: awa.Client) -> dict[str, Way]:
+    def batch(args: list[dict[str, Any]]) -> None:
+        awa_sa.enqueue_many(engine, [awa_sa.NewJob(a, kind=KIND) for a in args])
+
+    def copy(args: list[dict[str, Any]]) -> None:
+        client.insert_many_copy(args, kind=KIND)
+
+    def singles(args: list[dict[str, Any]]) -> None:
+        with engine.connect() as conn:
+            for a in args:
+                awa_sa.enqueue(conn, a, kind=KIND)
+            conn.commit()
+
+    return {
+        "awa-sa enqueue_many": batch,
+        "awa-pg insert_many_copy": copy,
+        "awa-sa enqueue x N": singles,
+    }
+
+
+def _statements(admin: sa.Engine, reset: bool = False) -> int:
+    """Top-level statements this database ran since the last reset (after it, with *reset*),
+    but the harness's own (in autocommit, so no BEGIN or COMMIT of its own either)."""
+    with admin.connect() as conn:
+        if reset:
+            conn.execute(sa.text("SELECT pg_stat_statements_reset()"))
+        return int(
+            conn.execute(
+                sa.text(
+                    "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements"
+                    " WHERE dbid = (SELECT oid FROM pg_database"
+                    " WHERE datname = current_database())"
+                    " AND query NOT LIKE '%pg_stat_statements%'"
+                )
+            ).scalar_one()
+        )
+
+
+def _measure(admin: sa.Engine, ways: dict[str, Way], size: int, rounds: int) -> dict[str, Any]:
+    seconds: dict[str, list[float]] = {name: [] for name in ways}
+    statements: dict[str, list[int]] = {name: [] for name in ways}
+    for round_ in range(rounds + 1):  # round 0 warms up
+        for name, way in ways.items():
+            args = [_args(n, f"{name} {round_}") for n in range(size)]
+            _statements(admin, reset=True)
+            start = time.perf_counter()
+            way(args)
+            took = time.perf_counter() - start
+            if round_:
+                seconds[name].append(took)
+                statements[name].append(_statements(admin))
+    return {
+        name: {
+            "seconds": statistics.median(seconds[name]),
+            "jobs_per_s": size / statistics.median(seconds[name]),
+            "statements": statistics.median(statements[name]),
+        }
+        for name in ways
+    }
+
+
+def summary(result: dict[str, Any]) -> str:
+    """The part's report: each ratio the issue names, with its target."""
+    single, trips = result["single"], result["round_trips"]
+    n = len(single["rounds"])
+    lines = [
+        f"enqueue: single enqueue / raw statement, psycopg 3 (insert_job_compat sent by hand; {n}"
+        " rounds, median [min-max]; the Connection form against it inside an open transaction)"
+    ]
+    ratios = spread(single)
+    for name, row in single["variants"].items():
+        mid, low, high = ratios[name]
+        lines.append(
+            f"  {name:50} {row['wall_us']:9.1f} µs  {mid:4.2f}x [{low:4.2f}-{high:4.2f}]"
+            f"  {trips[name]:4.1f} round trips"
+        )
+    for plane, ways in result["bulk"].items():
+        lines.append(f"enqueue: {result['size']} jobs in one transaction, {plane}")
+        for name, row in ways.items():
+            lines.append(
+                f"  {name:26} {row['seconds'] * 1000:9.1f} ms {row['jobs_per_s']:9.0f} jobs/s"
+                f" {row['statements']:8.0f} statements"
+            )
+        batch = ways["awa-sa enqueue_many"]["seconds"]
+        figures = {
+            "enqueue_many / COPY": batch / ways["awa-pg insert_many_copy"]["seconds"],
+            "singles / enqueue_many": ways["awa-sa enqueue x N"]["seconds"] / batch,
+        }
+        for label, ratio in figures.items():
+            bound, target = TARGETS[label]
+            met = ratio <= target if bound == "<=" else ratio >= target
+            verdict = "met" if met else "MISSED"
+            lines.append(f"  {label:26} {ratio:6.2f}x  target {bound} {target:.1f}x {verdict}")
+    return "\n".join(lines)

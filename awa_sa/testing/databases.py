@@ -87,10 +87,19 @@ class Databases:
         """The psycopg 3 URL of database *dbname* on this server, password included."""
         return self.admin.url.set(database=dbname).render_as_string(hide_password=False)
 
-    def create(self) -> str:
-        """A new database cloned from the template; returns its name."""
+    def create(self, template: str | None = None) -> str:
+        """A new database cloned from *template* (the kit's own by default); returns its name.
+
+        On a server the kit started, the clone copies the template's files (``STRATEGY
+        FILE_COPY``) rather than logging every page: for a 30 MB v040 database half the time,
+        where the checkpoints it forces cost nothing (no fsync, nothing else on the server). An
+        existing server keeps PostgreSQL's default, as a checkpoint there is everyone's.
+        """
         name = f"{NAME_PREFIX}{self.token}_{next(self._numbers)}"
-        self._admin_sql(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"')
+        strategy = " STRATEGY FILE_COPY" if self.server is not None else ""
+        self._admin_sql(
+            f'CREATE DATABASE "{name}" TEMPLATE "{template or self.template}"{strategy}'
+        )
         return name
 
     def drop(self, dbname: str) -> None:

@@ -79,10 +79,15 @@ def databases(
 ) -> dict[str, str]:
     """Each plane's database on *server* (``awa migrate`` for *cluster* ``awa``), named as
     *planes* names it: its URL."""
-    create_database(server, planes["canonical"], cluster, "canonical")
-    qs = planes["queue storage"]
+    canonical, qs = planes["canonical"], planes["queue storage"]
+    create_database(server, canonical, cluster, "canonical")
     if cluster == "awa":
-        create_database(server, qs, "awa", "canonical")
+        # A copy of the freshly migrated database is what a second ``awa migrate`` builds, in a
+        # fraction of its time.
+        admin = sa.create_engine(server.url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'CREATE DATABASE "{qs}" TEMPLATE "{canonical}"'))
+        admin.dispose()
         _flip_to_active(server, qs)
     else:
         create_database(server, qs, "fixture", "active")

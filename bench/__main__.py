@@ -3,7 +3,8 @@
 Everything runs against one throwaway PostgreSQL (``awa_sa.testing.server``) with
 pg_stat_statements loaded. The main database is built by ``awa migrate`` when the awa CLI is
 installed (else by the Alembic fixture) and keeps canonical routing; database ``qs`` is the
-fixture flipped into ``mixed_transition`` towards ``awa_qs``. Parts, in order:
+fixture flipped into ``mixed_transition`` towards ``awa_qs`` (neither is built when only
+optional parts run: those build their own). Parts, in order:
 
 1. one call, per driver and form, against that driver's raw floor (:mod:`bench.variants`), and
    which steps of SQLAlchemy the difference goes to (:mod:`bench.breakdown`), and which of
@@ -325,8 +326,9 @@ def main() -> None:
     load_before = os.getloadavg()
     with embedded_postgres(server_cost.SETTINGS) as server:
         server_cpus = sorted(os.sched_getaffinity(_postmaster(server)))
-        create_database(server, "main", a.cluster, "canonical")
-        create_database(server, "qs", "fixture", "mixed_transition")
+        if only & set(PARTS):  # the optional parts build databases of their own
+            create_database(server, "main", a.cluster, "canonical")
+            create_database(server, "qs", "fixture", "mixed_transition")
         url = database_url(server, "main")
         timed("single", single_call, server.host, server.port, "main", url, a)
         breakdown_urls = {

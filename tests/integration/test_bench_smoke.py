@@ -280,6 +280,6 @@ def test_the_administer_part_counts_each_bulk_verbs_statements(tmp_path: Path) -
     assert counted == ADMINISTER_STATEMENTS
     rows = [row for verbs in planes.values() for sides in verbs.values() for row in sides.values()]
     assert [row["jobs"] for row in rows] == [5] * 8
-    assert _not_positive(dict(enumerate(rows)), "seconds") == []
+    assert _not_positive({str(n): row for n, row in enumerate(rows)}, "seconds") == []
     ratios = [line for line in printed.splitlines() if "awa-sa / awa-pg" in line]
     assert len(ratios) == 4

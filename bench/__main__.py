@@ -3,7 +3,8 @@
 Everything runs against one throwaway PostgreSQL (``awa_sa.testing.server``) with
 pg_stat_statements loaded. The main database is built by ``awa migrate`` when the awa CLI is
 installed (else by the Alembic fixture) and keeps canonical routing; database ``qs`` is the
-fixture flipped into ``mixed_transition`` towards ``awa_qs``. Parts, in order:
+fixture flipped into ``mixed_transition`` towards ``awa_qs`` (neither is built when only
+optional parts run: those build their own). Parts, in order:
 
 1. one call, per driver and form, against that driver's raw floor (:mod:`bench.variants`), and
    which steps of SQLAlchemy the difference goes to (:mod:`bench.breakdown`), and which of
@@ -19,7 +20,9 @@ fixture flipped into ``mixed_transition`` towards ``awa_qs``. Parts, in order:
 8. only when asked (``--only pooled``): 16 callers through PgBouncer beside 16 direct
    (:mod:`bench.pooled`);
 9. only when asked (``--only enqueue``): one new job against Awa's producer function sent raw,
-   and 10,000 in one transaction against awa-pg's COPY and single calls (:mod:`bench.enqueue`).
+   and 10,000 in one transaction against awa-pg's COPY and single calls (:mod:`bench.enqueue`);
+10. only when asked (``--only administer``): retry and discard 10,000 failed jobs against
+   awa-pg's own calls (:mod:`bench.administer`).
 
 Run it as ``.venv/bin/python -m bench``; figures also go to ``bench/results.json``.
 """
@@ -44,6 +47,7 @@ import sqlalchemy as sa
 from awa_sa import Attempt, reschedule_canonical_attempt, reschedule_canonical_attempts
 from awa_sa.testing.server import EmbeddedPostgres, embedded_postgres
 from bench import (
+    administer,
     breakdown,
     concurrency,
     endings,
@@ -73,9 +77,10 @@ PARTS = (
     "endings",
     "receipts",
 )
-OPTIONAL_PARTS = ("pooled", "enqueue")
+OPTIONAL_PARTS = ("pooled", "enqueue", "administer")
 """Run only when named in --only: ``pooled`` needs pgbouncer and takes a minute, ``enqueue``
-writes 10,000 jobs many times over and takes minutes."""
+writes 10,000 jobs many times over and takes minutes, ``administer`` has a real worker fail
+10,000 jobs per plane and copies a database for every call."""
 
 
 def single_call(host: str, port: int, dbname: str, url: str, a: Any) -> dict[str, Any]:
@@ -277,6 +282,8 @@ def main() -> None:
     parser.add_argument("--pooled-seconds", type=float, default=30.0)
     parser.add_argument("--enqueue-size", type=int, default=10_000, help="jobs per bulk way")
     parser.add_argument("--enqueue-rounds", type=int, default=3, help="bulk rounds, median")
+    parser.add_argument("--administer-size", type=int, default=10_000, help="failed jobs")
+    parser.add_argument("--administer-rounds", type=int, default=3, help="rounds, median")
     parser.add_argument(
         "--cluster", choices=("awa", "fixture"), default="awa" if awa_cli() else "fixture"
     )
@@ -319,8 +326,9 @@ def main() -> None:
     load_before = os.getloadavg()
     with embedded_postgres(server_cost.SETTINGS) as server:
         server_cpus = sorted(os.sched_getaffinity(_postmaster(server)))
-        create_database(server, "main", a.cluster, "canonical")
-        create_database(server, "qs", "fixture", "mixed_transition")
+        if only & set(PARTS):  # the optional parts build databases of their own
+            create_database(server, "main", a.cluster, "canonical")
+            create_database(server, "qs", "fixture", "mixed_transition")
         url = database_url(server, "main")
         timed("single", single_call, server.host, server.port, "main", url, a)
         breakdown_urls = {
@@ -344,6 +352,8 @@ def main() -> None:
         qs.dispose()
         timed("pooled", pooled.run, server, a.pooled_seconds)
         timed("enqueue", enqueueing, server, a)
+        size, rounds = a.administer_size, a.administer_rounds
+        timed("administer", administer.run, server, a.cluster, size, rounds)
     machine = {
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -362,6 +372,8 @@ def main() -> None:
         print(pooled.summary(results["pooled"]))
     if "enqueue" in results:
         print(enqueue.summary(results["enqueue"]))
+    if "administer" in results:
+        print(administer.summary(results["administer"]))
     a.json.write_text(json.dumps(results, indent=2, default=str))
     print(f"{results['seconds']:.0f} s; figures written to {a.json}")
 

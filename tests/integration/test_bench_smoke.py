@@ -245,3 +245,41 @@ def test_the_enqueue_part_compares_one_job_with_the_raw_statement_and_bulk_ways(
         assert _not_positive(ways, "seconds", "jobs_per_s") == []
     for label in ("enqueue_many / COPY", "singles / enqueue_many"):
         assert sum(line.strip().startswith(label) for line in printed.splitlines()) == 2
+
+
+ADMINISTER_STATEMENTS = {
+    # awa-sa (Engine form): BEGIN, the routing lock, the statement, COMMIT on the canonical
+    # plane; on queue storage a fixed number for any number of jobs. awa-pg: two statements on
+    # the canonical plane; on queue storage its retry goes job by job.
+    "canonical": {
+        "retry_failed": {"awa-sa": 4, "awa-pg": 2},
+        "discard_failed": {"awa-sa": 4, "awa-pg": 2},
+    },
+    "queue storage": {
+        "retry_failed": {"awa-sa": 16, "awa-pg": 66},
+        "discard_failed": {"awa-sa": 7, "awa-pg": 8},
+    },
+}
+"""The statements each side sent for five failed jobs."""
+
+
+def test_the_administer_part_counts_each_bulk_verbs_statements(tmp_path: Path) -> None:
+    """``--only administer`` (optional): on both planes, each bulk verb by awa-sa and by awa-pg
+    on its own copy of the same five jobs a real worker failed; the jobs each reported and the
+    statements each sent, which do not depend on timing, and each ratio printed."""
+    sizes = ("--administer-size", "5", "--administer-rounds", "1", "--only", "administer")
+    written, printed = _bench(tmp_path, *sizes)
+    planes = written["administer"]["planes"]
+    counted = {
+        plane: {
+            verb: {side: row["statements"] for side, row in sides.items()}
+            for verb, sides in verbs.items()
+        }
+        for plane, verbs in planes.items()
+    }
+    assert counted == ADMINISTER_STATEMENTS
+    rows = [row for verbs in planes.values() for sides in verbs.values() for row in sides.values()]
+    assert [row["jobs"] for row in rows] == [5] * 8
+    assert _not_positive({str(n): row for n, row in enumerate(rows)}, "seconds") == []
+    ratios = [line for line in printed.splitlines() if "awa-sa / awa-pg" in line]
+    assert len(ratios) == 4

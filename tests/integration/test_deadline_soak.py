@@ -70,6 +70,10 @@ WORKERS = 60
 DEADLINE_MS = 300
 WAIT_SECS = 60.0 + JOBS / 5
 """Upper bound for the whole run to settle: a hang fails instead of stalling the suite."""
+DUE_SLACK_SECS = 30.0
+MAX_BACKOFF_WAIT_SECS = 600.0
+"""How much longer the run may wait for re-schedules that are not yet due (a failed test in a
+CI run beside other jobs: one job was still deferred at 120 s)."""
 QUEUE = "deadline"
 
 
@@ -153,11 +157,13 @@ class Handlers:
 PROGRESS = f"""
     SELECT (SELECT count(*) FROM soak_effects WHERE effect <> 'retried') AS ended,
            (SELECT count(*) FROM {QS}.deferred_jobs) AS deferred,
-           (SELECT count(*) FROM {QS}.lease_claims WHERE closed_at IS NULL) AS open
+           (SELECT count(*) FROM {QS}.lease_claims WHERE closed_at IS NULL) AS open,
+           (SELECT extract(epoch FROM max(run_at) - now()) FROM {QS}.deferred_jobs) AS due_in
 """
 """Cheap enough to poll beside the runtimes (``terminal_jobs`` is read once, at the end): jobs
 whose handler committed a terminal business row, re-schedules waiting, receipts still open
-(every closure of a ``lease_claims`` receipt sets ``closed_at``, awa-sa's and the rescues')."""
+(every closure of a ``lease_claims`` receipt sets ``closed_at``, awa-sa's and the rescues'),
+and the seconds until the last re-schedule is due."""
 
 
 RECEIPTS = f"""
@@ -241,8 +247,13 @@ def soak(url: str, engine: sa.Engine) -> Soaked:
                 [p] = await asyncio.to_thread(rows, engine, PROGRESS)
                 if (p["ended"], p["deferred"], p["open"]) == (JOBS, 0, 0):
                     break
+                if p["due_in"] is not None and p["due_in"] > 0:
+                    # A job rescued again and again on a loaded machine waits out Awa's
+                    # backoff (2^attempt s): a wait for a clock, not a hang.
+                    due = time.monotonic() + float(p["due_in"]) + DUE_SLACK_SECS
+                    deadline = max(deadline, min(due, t0 + WAIT_SECS + MAX_BACKOFF_WAIT_SECS))
                 if time.monotonic() > deadline:
-                    pytest.fail(f"not settled in {WAIT_SECS}s: {p}")
+                    pytest.fail(f"not settled in {time.monotonic() - t0:.0f}s: {p}")
                 await asyncio.sleep(0.5)
             seconds = time.monotonic() - t0
             [stat] = [s for s in await clients[0].queue_stats() if s.queue == QUEUE]

@@ -11,9 +11,11 @@ job goes through ``awa.insert_job_compat`` to the plane of its phase.
   connection (the in-transaction floor), as :mod:`bench.endings` compares its endings. The
   variants are interleaved in short blocks by :func:`bench.measure.interleave`; the round
   trips per call are counted by a second, short pass through :mod:`bench.proxy` (no delay).
-* **Bulk**: *size* jobs in one transaction, three ways: awa-sa's ``enqueue_many`` (Engine
-  form), awa-pg 0.6.9's ``Client.insert_many_copy`` (COPY into a staging table), and *size*
-  single ``enqueue`` calls (Connection form). Each way runs once per round, the three in turn,
+* **Bulk**: *size* jobs in one transaction, four ways: awa-sa's ``enqueue_many`` (Engine
+  form), awa-pg 0.6.9's ``Client.insert_many_copy`` (COPY into a staging table), *size*
+  single ``enqueue`` calls (Connection form), and the server calling ``insert_job_compat``
+  for each job with nothing of a client around it (:data:`FUNCTION_ALONE`, the floor of any
+  caller of the function). Each way runs once per round, the four in turn,
   and its median is kept, with the statements the server ran for it (``pg_stat_statements``,
   top level, BEGIN, COMMIT and COPY included, the harness's own subtracted): awa-pg's counted
   the same way as ours.
@@ -209,11 +211,27 @@ def _ways(engine: sa.Engine, client: awa.Client) -> dict[str, Way]:
                 awa_sa.enqueue(conn, a, kind=KIND)
             conn.commit()
 
+    def function_alone(args: list[dict[str, Any]]) -> None:
+        with engine.begin() as conn:
+            conn.execute(FUNCTION_ALONE, {"kind": KIND, "args": json.dumps(args)}).scalar_one()
+
     return {
         "awa-sa enqueue_many": batch,
         "awa-pg insert_many_copy": copy,
         "awa-sa enqueue x N": singles,
+        "insert_job_compat alone": function_alone,
     }
+
+
+FUNCTION_ALONE = sa.text(
+    "SELECT count(*) FROM jsonb_array_elements(CAST(:args AS jsonb)) AS given(args)"
+    " CROSS JOIN LATERAL awa.insert_job_compat("
+    "CAST(:kind AS text), 'default', given.args, 'available', 2::smallint, 25::smallint,"
+    " NULL, '{}'::jsonb, ARRAY[]::text[], NULL, NULL, NULL) AS job"
+)
+"""Awa's producer function called once per job by the server alone: no row goes back and no
+client checks or hashes anything, so its time is what any caller of the function pays at
+least, the floor of ``enqueue_many``'s that ``insert_many_copy`` (no function) is held to."""
 
 
 def server_statements(admin: sa.Engine, reset: bool = False) -> int:
@@ -289,4 +307,8 @@ def summary(result: dict[str, Any]) -> str:
             met = ratio <= target if bound == "<=" else ratio >= target
             verdict = "met" if met else "MISSED"
             lines.append(f"  {label:26} {ratio:6.2f}x  target {bound} {target:.1f}x {verdict}")
+        alone = (
+            ways["insert_job_compat alone"]["seconds"] / ways["awa-pg insert_many_copy"]["seconds"]
+        )
+        lines.append(f"  {'function alone / COPY':26} {alone:6.2f}x  (any caller's floor)")
     return "\n".join(lines)

@@ -238,12 +238,17 @@ def test_the_enqueue_part_compares_one_job_with_the_raw_statement_and_bulk_ways(
     assert part["round_trips"] == names
     assert list(part["single"]["variants"]) == list(names)
     assert _not_positive(part["single"]["variants"], "wall_us", "cpu_us") == []
-    statements = {"awa-sa enqueue_many": 3, "awa-pg insert_many_copy": 5, "awa-sa enqueue x N": 7}
+    statements = {
+        "awa-sa enqueue_many": 3,
+        "awa-pg insert_many_copy": 5,
+        "awa-sa enqueue x N": 7,
+        "insert_job_compat alone": 3,
+    }
     for plane in ("canonical", "queue storage"):
         ways = part["bulk"][plane]
         assert {name: row["statements"] for name, row in ways.items()} == statements
         assert _not_positive(ways, "seconds", "jobs_per_s") == []
-    for label in ("enqueue_many / COPY", "singles / enqueue_many"):
+    for label in ("enqueue_many / COPY", "singles / enqueue_many", "function alone / COPY"):
         assert sum(line.strip().startswith(label) for line in printed.splitlines()) == 2
 
 

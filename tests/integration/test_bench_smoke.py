@@ -252,20 +252,20 @@ def test_the_enqueue_part_compares_one_job_with_the_raw_statement_and_bulk_ways(
         assert sum(line.strip().startswith(label) for line in printed.splitlines()) == 2
 
 
-ADMINISTER_STATEMENTS = {
-    # awa-sa (Engine form): BEGIN, the routing lock, the statement, COMMIT on the canonical
-    # plane; on queue storage a fixed number for any number of jobs. awa-pg: two statements on
-    # the canonical plane; on queue storage its retry goes job by job.
-    "canonical": {
-        "retry_failed": {"awa-sa": 4, "awa-pg": 2},
-        "discard_failed": {"awa-sa": 4, "awa-pg": 2},
-    },
-    "queue storage": {
-        "retry_failed": {"awa-sa": 16, "awa-pg": 66},
-        "discard_failed": {"awa-sa": 7, "awa-pg": 8},
-    },
+AWA_SA_STATEMENTS = {
+    # The Engine form: BEGIN, the routing lock, the statement, COMMIT on the canonical plane;
+    # on queue storage a fixed number for any number of jobs.
+    "canonical": {"retry_failed": 4, "discard_failed": 4},
+    "queue storage": {"retry_failed": 16, "discard_failed": 7},
 }
-"""The statements each side sent for five failed jobs."""
+"""The statements awa-sa sent for five failed jobs, exactly."""
+AWA_PG_STATEMENTS = {
+    "canonical": {"retry_failed": range(2, 5), "discard_failed": range(2, 5)},
+    "queue storage": {"retry_failed": range(10 * 5, 12 * 5 + 12), "discard_failed": range(8, 11)},
+}
+"""awa-pg's for the same, within a range: they vary from run to run (in runs of this test, 2 and
+4 for the canonical retry; on queue storage, where its retry goes job by job at some eleven
+statements a job, 64 and 66 for the retry and 8 and 10 for the discard)."""
 
 
 def test_the_administer_part_counts_each_bulk_verbs_statements(tmp_path: Path) -> None:
@@ -282,7 +282,16 @@ def test_the_administer_part_counts_each_bulk_verbs_statements(tmp_path: Path) -
         }
         for plane, verbs in planes.items()
     }
-    assert counted == ADMINISTER_STATEMENTS
+    assert {p: {v: c["awa-sa"] for v, c in verbs.items()} for p, verbs in counted.items()} == (
+        AWA_SA_STATEMENTS
+    )
+    outside = [
+        (plane, verb, sides["awa-pg"])
+        for plane, verbs in counted.items()
+        for verb, sides in verbs.items()
+        if sides["awa-pg"] not in AWA_PG_STATEMENTS[plane][verb]
+    ]
+    assert outside == []
     rows = [row for verbs in planes.values() for sides in verbs.values() for row in sides.values()]
     assert [row["jobs"] for row in rows] == [5] * 8
     assert _not_positive({str(n): row for n, row in enumerate(rows)}, "seconds") == []

@@ -27,6 +27,7 @@ from typing import Any
 from blake3 import blake3
 
 from awa_sa.errors import ValidationError
+from awa_sa.tables import JOB_STATES
 
 MAX_DEPTH = 64
 """awa-pg's nesting limit: deeper values are refused ("JSON nesting too deep")."""
@@ -41,19 +42,6 @@ _ESCAPES = {
     "\r": "\\r",
     "\t": "\\t",
 }
-
-STATE_BITS = (
-    "scheduled",
-    "available",
-    "running",
-    "completed",
-    "retryable",
-    "failed",
-    "cancelled",
-    "waiting_external",
-)
-"""The job states in the order of the unique-states bits: bit N of awa-pg's ``states`` mask is
-character N (from the left) of the ``BIT(8)`` text, which ``awa.job_state_in_bitmask`` reads."""
 
 
 def to_json(value: object, where: str = "args") -> str:
@@ -186,9 +174,11 @@ class Unique:
     )
 
     def mask(self) -> int:
+        """awa-pg's ``states`` mask: bit N for the state of index N in ``awa.job_state``, which
+        is character N (from the left) of the ``BIT(8)`` text ``awa.job_state_in_bitmask`` reads."""
         if isinstance(self.states, int):
             return self.states
-        return sum(1 << STATE_BITS.index(name) for name in self.states)
+        return sum(1 << JOB_STATES.index(name) for name in self.states)
 
 
 _OPTS = {"by_queue", "by_args", "by_period", "states"}
@@ -225,7 +215,7 @@ def unique_of(opts: object) -> Unique | None:
     if not isinstance(states, int):
         if isinstance(states, str) or not isinstance(states, Collection):
             raise ValidationError("unique_opts: states must be state names or a bit mask")
-        bad = sorted(str(s) for s in states if s not in STATE_BITS)
+        bad = sorted(str(s) for s in states if s not in JOB_STATES)
         if bad:
             raise ValidationError(f"unique_opts: unknown states {bad}")
     return unique

@@ -181,11 +181,11 @@ def sides(pg: EmbeddedPostgres, real_template: str) -> Iterator[tuple[Side, Side
         janitor.drop()
 
 
-def _pg_cancel(url: str, job_id: int) -> Any:
+def _pg(url: str, call: Callable[[awa.AsyncClient], Any]) -> Any:
     async def run() -> Any:
         client = awa.AsyncClient(pg_url(url))
         try:
-            return await client.cancel(job_id)
+            return await call(client)
         finally:
             await client.close()
 
@@ -202,7 +202,7 @@ def test_cancel_of_a_deferred_job_writes_what_awa_pg_writes(
 ) -> None:
     pg_side, sa_side = sides
     before = snapshot(pg_side.engine), snapshot(sa_side.engine)
-    got_pg = _pg_cancel(pg_side.url, job_id)
+    got_pg = _pg(pg_side.url, lambda client: client.cancel(job_id))
     with sa_side.engine.begin() as conn:
         conn.execute(sa.text("INSERT INTO public.business VALUES ('paid')"))
         got_sa = awa_sa.cancel_job(conn, job_id)
@@ -378,7 +378,7 @@ def test_in_mixed_transition_a_deferred_job_of_the_routing_schema_is_cancelled_a
         engines = [sa.create_engine(pg_url_), sa.create_engine(sa_url)]
         try:
             before = [snapshot_of(e) for e in engines]
-            got_pg = _pg_cancel(pg_url_, 1)
+            got_pg = _pg(pg_url_, lambda client: client.cancel(1))
             with engines[1].begin() as conn:
                 got_sa = awa_sa.cancel_job(conn, 1)
             after = [snapshot_of(e) for e in engines]
@@ -583,17 +583,6 @@ def failed(sides: tuple[Side, Side]) -> dict[str, int]:
     for (kind, *_), job_id in zip(FAILING, made[0], strict=True):
         ids.setdefault(kind, job_id)
     return ids
-
-
-def _pg(url: str, call: Callable[[awa.AsyncClient], Any]) -> Any:
-    async def run() -> Any:
-        client = awa.AsyncClient(pg_url(url))
-        try:
-            return await call(client)
-        finally:
-            await client.close()
-
-    return asyncio.run(run())
 
 
 def _heard(side: Side, act: Callable[[], Any]) -> tuple[Any, list[tuple[str, str]]]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+import awa
 import sqlalchemy as sa
 
 STILL = 3_600_000
@@ -44,3 +46,14 @@ def rows(engine: sa.Engine, sql: str, **params: Any) -> list[dict[str, Any]]:
     """*sql*'s rows as dicts, read in a transaction of their own."""
     with engine.connect() as conn:
         return [dict(r) for r in conn.execute(sa.text(sql), params).mappings()]
+
+
+async def until_idle(client: awa.AsyncClient, seconds: float = 60.0) -> None:
+    """Until *client*'s runtime holds no job: its own completion of the last one handed over
+    (the runtime's pace, so polled)."""
+    for _ in range(int(seconds / 0.01)):
+        health = await client.health_check()
+        if all(q.in_flight == 0 for q in health.queues.values()):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the runtime kept a job in flight for {seconds:.0f} s")

@@ -31,7 +31,7 @@ import awa
 import pytest
 import sqlalchemy as sa
 from conftest import Cluster, _janitor, database_url
-from runtimes import STILL, pg_url
+from runtimes import STILL, pg_url, until_idle
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import awa_sa
@@ -84,11 +84,7 @@ def test_a_real_worker_claims_and_completes_what_awa_sa_enqueued(cluster: Cluste
         )
         try:
             await asyncio.wait_for(done.wait(), WAIT_SECS)
-            for _ in range(WAIT_SECS * 100):  # the runtime's own pace: its completion flush
-                health = await client.health_check()
-                if all(q.in_flight == 0 for q in health.queues.values()):
-                    break
-                await asyncio.sleep(0.01)
+            await until_idle(client, WAIT_SECS)
         finally:
             await client.shutdown()
             await client.close()
@@ -246,11 +242,7 @@ async def work(ran: Ran) -> None:
         assert not ran.errors, ran.errors  # else no follow-up is coming: stop here
         await within(worker.followed, ran, "the follow-up was not handled")
         await within(worker.all_due, ran, "the Due jobs were not handled")
-        for _ in range(WAIT_SECS * 100):  # the runtime's own pace: its completion flush
-            health = await client.health_check()
-            if all(q.in_flight == 0 for q in health.queues.values()):
-                break
-            await asyncio.sleep(0.01)
+        await until_idle(client, WAIT_SECS)
     finally:
         await client.shutdown()
         await client.close()

@@ -67,7 +67,7 @@ import pytest
 import sqlalchemy as sa
 from conftest import QUIESCED_FLIP, _janitor, database_url, run_awa
 from pytest_postgresql.janitor import DatabaseJanitor
-from runtimes import hold_leadership, pg_url
+from runtimes import hold_leadership, pg_url, until_idle
 
 import awa_sa
 from awa_sa.testing.server import EmbeddedPostgres
@@ -636,15 +636,6 @@ def drive(url: str, engine: sa.Engine, schema: str, cases: list[Case], by_awa_sa
         await held.release.wait()
         return None
 
-    async def idle(client: awa.AsyncClient) -> None:
-        """Until the runtime holds no job (its own completion handed over)."""
-        for _ in range(int(WAIT_SECS / 0.01)):
-            health = await client.health_check()
-            if all(q.in_flight == 0 for q in health.queues.values()):
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError("the runtime kept a job in flight for 60 s")
-
     async def run() -> Run:
         nonlocal current
         leader = await asyncio.to_thread(hold_leadership, engine)
@@ -679,7 +670,7 @@ def drive(url: str, engine: sa.Engine, schema: str, cases: list[Case], by_awa_sa
                     assert current.outcome is not None
                     outcomes[case.name] = current.outcome
                 else:
-                    await idle(client)
+                    await until_idle(client, WAIT_SECS)
                 claimed_rows = None if by_awa_sa else steps[-1][1]
                 steps.append(
                     (
@@ -693,7 +684,7 @@ def drive(url: str, engine: sa.Engine, schema: str, cases: list[Case], by_awa_sa
                     )
                 )
                 current.release.set()
-                await idle(client)
+                await until_idle(client, WAIT_SECS)
             healthy = (await client.health_check()).healthy
         finally:
             current.go.set()

@@ -30,6 +30,7 @@ from awa_sa.statements.admin_qs_retry import (
     sharded_queues,
     waits_on_callback,
 )
+from awa_sa.statements.admin_queue_storage import done_job_fields
 from awa_sa.statements.duplicate import (
     ENSURE_CLAIM_HEAD,
     ENSURE_ENQUEUE_HEAD,
@@ -113,29 +114,5 @@ def discarded(conn: Connection, schema: str, kind: str) -> int:
 
 def ready_job_fields(row: Any) -> dict[str, Any]:
     """A new ``ready_entries`` row as :class:`JobRow`'s fields, as awa-pg builds the row it
-    returns: available, errors, metadata, tags and progress from the payload."""
-    values = row._mapping
-    payload = values["payload"] or {}
-    nothing = ("heartbeat_at", "deadline_at", "finalized_at", "unique_states", "callback_id")
-    callbacks = ("callback_timeout_at", "callback_filter", "callback_on_complete")
-    more = ("callback_on_fail", "callback_transform")
-    return {
-        **dict.fromkeys((*nothing, *callbacks, *more)),
-        "id": values["job_id"],
-        "kind": values["kind"],
-        "queue": values["queue"],
-        "args": values["args"],
-        "state": "available",
-        "priority": values["priority"],
-        "attempt": values["attempt"],
-        "max_attempts": values["max_attempts"],
-        "run_at": values["run_at"],
-        "attempted_at": values["attempted_at"],
-        "created_at": values["created_at"],
-        "errors": list(payload.get("errors") or []),
-        "metadata": payload.get("metadata") or {},
-        "tags": list(payload.get("tags") or []),
-        "unique_key": None if values["unique_key"] is None else bytes(values["unique_key"]),
-        "run_lease": values["run_lease"],
-        "progress": payload.get("progress"),
-    }
+    returns: available, not finalized, no unique states, the rest as a done row's."""
+    return done_job_fields(row, state="available", finalized_at=None, unique_states=None)

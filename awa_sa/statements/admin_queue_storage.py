@@ -119,10 +119,13 @@ def claims_cancelled_only() -> Select[Any]:
     return select(refused.label("refused")).where(_deferred(job_id))
 
 
-def done_job_fields(row: Any) -> dict[str, Any]:
+def done_job_fields(row: Any, **lacking: Any) -> dict[str, Any]:
     """A ``done_entries`` row as :class:`~awa_sa.statements.admin_canonical.JobRow`'s fields:
-    errors, metadata, tags and progress from its payload, as awa-pg builds its ``JobRow``."""
-    values = row._mapping
+    errors, metadata, tags and progress from its payload, as awa-pg builds its ``JobRow``.
+
+    Another queue-storage row serves too, given the columns it does not carry as *lacking*
+    (a ``ready_entries`` row: its state, ``finalized_at`` and ``unique_states``)."""
+    values = {**row._mapping, **lacking}
     payload = values["payload"] or {}
     return {
         "id": values["job_id"],

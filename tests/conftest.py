@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -218,25 +219,30 @@ def real_template(pg: EmbeddedPostgres) -> Iterator[str]:
     janitor.drop()
 
 
+@contextmanager
+def cloned(pg: EmbeddedPostgres, databases: Databases, source: str) -> Iterator[str]:
+    """The URL of a new database copied from *source*, dropped on leaving.
+
+    The source must have no open connections (a template has none between tests). The kit's
+    pooled maintenance connection makes and drops them: a connection per database would cost
+    a backend and a password exchange each, some 2,800 times in a CI run. A set-up wider than
+    a test uses this; a test, :func:`clone_database`.
+    """
+    name = databases.create(source)
+    try:
+        yield database_url(pg, name)
+    finally:
+        databases.drop(name)
+
+
 @pytest.fixture
 def clone_database(
     pg: EmbeddedPostgres, awa_databases: Databases
 ) -> Iterator[Callable[[str], str]]:
-    """Factory: ``clone(source_dbname) -> url`` of a new database copied from the source.
-
-    The source must have no open connections (a template has none between tests). The kit's
-    pooled maintenance connection makes and drops them: a connection per database would cost
-    a backend and a password exchange each, some 2,800 times in a CI run.
-    """
-    made: list[str] = []
-
-    def clone(source: str) -> str:
-        made.append(awa_databases.create(source))
-        return database_url(pg, made[-1])
-
-    yield clone
-    for name in reversed(made):
-        awa_databases.drop(name)
+    """Factory: ``clone(source_dbname) -> url`` of a new database copied from the source,
+    dropped after the test (:func:`cloned`)."""
+    with ExitStack() as stack:
+        yield lambda source: stack.enter_context(cloned(pg, awa_databases, source))
 
 
 def _engine(url: str) -> Iterator[sa.Engine]:

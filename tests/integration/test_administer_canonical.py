@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,10 +31,11 @@ import awa
 import psycopg
 import pytest
 import sqlalchemy as sa
-from conftest import _janitor, database_url
+from conftest import cloned
 from runtimes import hold_leadership, pg_url
 
 import awa_sa
+from awa_sa.testing.databases import Databases
 from awa_sa.testing.server import EmbeddedPostgres
 
 pytestmark = pytest.mark.slow  # real awa-pg runtimes
@@ -253,13 +254,6 @@ def job_of_sa(job: awa_sa.JobRow | None) -> tuple[Any, ...] | None:
     return (job.id, job.kind, job.queue, job.state, job.attempt, job.args)
 
 
-def _clone(pg: EmbeddedPostgres, template: str) -> tuple[str, Any]:
-    name = f"t_{uuid.uuid4().hex[:16]}"
-    janitor = _janitor(pg, name, template=template)
-    janitor.init()
-    return database_url(pg, name), janitor
-
-
 async def _start(side: Side) -> None:
     """The jobs, then a live worker that leaves each in its state; running stays held."""
     side.worker = worker = Worker(pg_url(side.url))
@@ -281,20 +275,21 @@ async def _start(side: Side) -> None:
 
 
 @pytest.fixture(scope="module")
-def sides(pg: EmbeddedPostgres, real_template: str) -> Iterator[tuple[Side, Side]]:
-    made = []
-    for _ in range(2):
-        url, janitor = _clone(pg, real_template)
-        engine = sa.create_engine(url)
-        listener = psycopg.connect(pg_url(url), autocommit=True)
-        for channel in ("awa:cancel", f"awa:{WORK}", f"awa:{IDLE}", MARKER):
-            listener.execute(f'LISTEN "{channel}"')
-        made.append((Side(url, engine, listener), janitor))
-    yield made[0][0], made[1][0]
-    for side, janitor in made:
-        side.listener.close()
-        side.engine.dispose()
-        janitor.drop()
+def sides(
+    pg: EmbeddedPostgres, awa_databases: Databases, real_template: str
+) -> Iterator[tuple[Side, Side]]:
+    with ExitStack() as stack:
+        made = []
+        for _ in range(2):
+            url = stack.enter_context(cloned(pg, awa_databases, real_template))
+            engine = sa.create_engine(url)
+            stack.callback(engine.dispose)
+            listener = psycopg.connect(pg_url(url), autocommit=True)
+            stack.callback(listener.close)
+            for channel in ("awa:cancel", f"awa:{WORK}", f"awa:{IDLE}", MARKER):
+                listener.execute(f'LISTEN "{channel}"')
+            made.append(Side(url, engine, listener))
+        yield made[0], made[1]
 
 
 def pg_call(url: str, call: Callable[[awa.AsyncClient], Any]) -> Any:

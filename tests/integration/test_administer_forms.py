@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from conftest import Cluster, _janitor, database_url
+from conftest import Cluster, cloned
 from jobs import insert_holder, insert_job, snapshot
 from racing import held, in_thread, wait_until_blocked
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
@@ -28,6 +27,7 @@ from sqlalchemy.orm import Session
 import awa_sa
 import awa_sa.asyncio as awa_async
 from awa_sa import JobRow, QueueStorageJobs, RetriedFailed, UniqueConflict, ValidationError
+from awa_sa.testing.databases import Databases
 from awa_sa.testing.server import EmbeddedPostgres
 from awa_sa.unique import Unique, to_json, unique_key
 
@@ -47,12 +47,9 @@ CLOCKS = (
 
 
 @pytest.fixture(scope="module")
-def url(pg: EmbeddedPostgres, fixture_template: str) -> Iterator[str]:
-    name = f"t_{uuid.uuid4().hex[:16]}"
-    janitor = _janitor(pg, name, template=fixture_template)
-    janitor.init()
-    yield database_url(pg, name)
-    janitor.drop()
+def url(pg: EmbeddedPostgres, awa_databases: Databases, fixture_template: str) -> Iterator[str]:
+    with cloned(pg, awa_databases, fixture_template) as found:
+        yield found
 
 
 def _key(tag: str) -> bytes:

@@ -24,8 +24,8 @@ import datetime as dt
 import os
 import re
 import subprocess
-import uuid
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,13 +33,14 @@ import awa
 import psycopg
 import pytest
 import sqlalchemy as sa
-from conftest import QUIESCED_FLIP, _janitor, awa_cli, database_url
+from conftest import QUIESCED_FLIP, awa_cli, cloned
 from runtimes import hold_leadership, pg_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import awa_sa
 import awa_sa.asyncio as awa_async
 from awa_sa import QueueStorageJobs, UniqueConflict
+from awa_sa.testing.databases import Databases
 from awa_sa.testing.server import EmbeddedPostgres
 
 pytestmark = pytest.mark.slow  # real awa-pg runtimes
@@ -157,28 +158,27 @@ async def _start(side: Side) -> None:
 
 
 @pytest.fixture(scope="module")
-def sides(pg: EmbeddedPostgres, real_template: str) -> Iterator[tuple[Side, Side]]:
-    made = []
-    for _ in range(2):
-        name = f"t_{uuid.uuid4().hex[:16]}"
-        janitor = _janitor(pg, name, template=real_template)
-        janitor.init()
-        url = database_url(pg, name)
-        side = Side(url, sa.create_engine(url))
-        leader = hold_leadership(side.engine)
-        with side.engine.begin() as conn:
-            conn.execute(sa.text("CREATE TABLE public.business (note text)"))
-        asyncio.run(_start(side))
-        with side.engine.connect() as conn:
-            assert (
-                conn.execute(sa.text("SELECT awa.active_queue_storage_schema()")).scalar() == "awa"
-            )
-        made.append((side, janitor, leader))
-    yield made[0][0], made[1][0]
-    for side, janitor, leader in made:
-        leader.close()
-        side.engine.dispose()
-        janitor.drop()
+def sides(
+    pg: EmbeddedPostgres, awa_databases: Databases, real_template: str
+) -> Iterator[tuple[Side, Side]]:
+    with ExitStack() as stack:
+        made = []
+        for _ in range(2):
+            url = stack.enter_context(cloned(pg, awa_databases, real_template))
+            side = Side(url, sa.create_engine(url))
+            stack.callback(side.engine.dispose)
+            leader = hold_leadership(side.engine)
+            stack.callback(leader.close)
+            with side.engine.begin() as conn:
+                conn.execute(sa.text("CREATE TABLE public.business (note text)"))
+            asyncio.run(_start(side))
+            with side.engine.connect() as conn:
+                assert (
+                    conn.execute(sa.text("SELECT awa.active_queue_storage_schema()")).scalar()
+                    == "awa"
+                )
+            made.append(side)
+        yield made[0], made[1]
 
 
 def _pg(url: str, call: Callable[[awa.AsyncClient], Any]) -> Any:
@@ -359,35 +359,25 @@ def test_a_running_attempt_cancelled_beside_its_worker_writes_what_awa_pg_writes
 
 
 def test_in_mixed_transition_a_deferred_job_of_the_routing_schema_is_cancelled_as_awa_pg(
-    pg: EmbeddedPostgres, real_template: str
+    clone_database: Callable[[str], str], real_template: str
 ) -> None:
     """Routing flipped to ``awa_qs`` by the real CLI, no runtime: a canonical job enqueued
     before the flip and a scheduled one after, on both twins. ``cancel_job(1)`` names the
     routing schema's job 1 on both sides (the planes' ids collide; awa-pg's cancel looks there
     alone), and the canonical job 1 is left as it was by both."""
-    made = []
+    pg_url_, sa_url = clone_database(real_template), clone_database(real_template)
+    for url in (pg_url_, sa_url):
+        asyncio.run(_mixed(url))
+    engines = [sa.create_engine(pg_url_), sa.create_engine(sa_url)]
     try:
-        for _ in range(2):
-            name = f"t_{uuid.uuid4().hex[:16]}"
-            janitor = _janitor(pg, name, template=real_template)
-            janitor.init()
-            made.append((database_url(pg, name), janitor))
-        for url, _ in made:
-            asyncio.run(_mixed(url))
-        (pg_url_, _), (sa_url, _) = made
-        engines = [sa.create_engine(pg_url_), sa.create_engine(sa_url)]
-        try:
-            before = [snapshot_of(e) for e in engines]
-            got_pg = _pg(pg_url_, lambda client: client.cancel(1))
-            with engines[1].begin() as conn:
-                got_sa = awa_sa.cancel_job(conn, 1)
-            after = [snapshot_of(e) for e in engines]
-        finally:
-            for e in engines:
-                e.dispose()
+        before = [snapshot_of(e) for e in engines]
+        got_pg = _pg(pg_url_, lambda client: client.cancel(1))
+        with engines[1].begin() as conn:
+            got_sa = awa_sa.cancel_job(conn, 1)
+        after = [snapshot_of(e) for e in engines]
     finally:
-        for _, janitor in made:
-            janitor.drop()
+        for e in engines:
+            e.dispose()
     assert got_sa is not None
     assert (got_sa.storage, got_sa.state, got_sa.kind) == ("awa_qs", "cancelled", "later")
     assert (got_pg.id, got_pg.kind) == (got_sa.id, got_sa.kind)

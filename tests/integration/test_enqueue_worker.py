@@ -20,7 +20,6 @@ One more worker run per plane (the module's ``ran``) serves the other proofs:
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,12 +29,13 @@ from typing import Any
 import awa
 import pytest
 import sqlalchemy as sa
-from conftest import Cluster, _janitor, database_url
+from conftest import Cluster, cloned
 from runtimes import STILL, pg_url, until_idle
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import awa_sa
 import awa_sa.asyncio as awa_sa_asyncio
+from awa_sa.testing.databases import Databases
 from awa_sa.testing.server import EmbeddedPostgres
 
 WAIT_SECS = 60
@@ -250,16 +250,22 @@ async def work(ran: Ran) -> None:
 
 
 @pytest.fixture(scope="module", params=["canonical", "active"])
-def ran(request: pytest.FixtureRequest, pg: EmbeddedPostgres, real_template: str) -> Iterator[Ran]:
+def ran(
+    request: pytest.FixtureRequest,
+    pg: EmbeddedPostgres,
+    awa_databases: Databases,
+    real_template: str,
+) -> Iterator[Ran]:
     """One worker run on a fresh ``awa migrate`` clone of each plane, shared by the tests."""
-    name = f"t_{uuid.uuid4().hex[:16]}"
-    janitor = _janitor(pg, name, template=real_template)
-    janitor.init()
-    url = database_url(pg, name)
+    with cloned(pg, awa_databases, real_template) as url:
+        yield from _ran(request.param, pg, url)
+
+
+def _ran(phase: str, pg: EmbeddedPostgres, url: str) -> Iterator[Ran]:
     engine = sa.create_engine(url, poolclass=sa.NullPool)
     try:
         cluster = Cluster("real", pg, url, engine)
-        cluster.set_phase(request.param, "awa_qs")
+        cluster.set_phase(phase, "awa_qs")
         routing = _scalar(engine, "SELECT awa.active_queue_storage_schema()")
         with engine.connect() as conn:
             settles = awa_sa.enqueue_many(
@@ -272,7 +278,6 @@ def ran(request: pytest.FixtureRequest, pg: EmbeddedPostgres, real_template: str
         yield found
     finally:
         engine.dispose()
-        janitor.drop()
 
 
 def _rows(engine: sa.Engine) -> dict[int, dict[str, Any]]:

@@ -25,6 +25,8 @@ from awa_sa.testing.server import EmbeddedPostgres
 FIXTURE_SCHEMAS = ("awa", "awa_qs")
 """Queue-storage substrates the template gets: the v040 default and one named schema."""
 
+INSUFFICIENT_PRIVILEGE = "42501"
+
 NAME_PREFIX = "awa_sa_kit_"
 """Every database the kit creates starts with this, so leftovers of a killed run are findable."""
 
@@ -103,8 +105,19 @@ class Databases:
         return name
 
     def drop(self, dbname: str) -> None:
-        """Drop *dbname*, ending any connection a test left open to it."""
-        self._admin_sql(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        """Drop *dbname*, ending any connection a test left open to it.
+
+        ``FORCE`` ends every backend on the database, an autovacuum worker too, and a role
+        without superuser or ``pg_signal_backend`` may not signal one (on a server the kit was
+        given, the template it just built draws autovacuum). A plain ``DROP DATABASE`` ends an
+        autovacuum worker by itself, so that is the fallback when ``FORCE`` is refused.
+        """
+        try:
+            self._admin_sql(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        except sa.exc.DBAPIError as exc:
+            if getattr(exc.orig, "sqlstate", None) != INSUFFICIENT_PRIVILEGE:
+                raise
+            self._admin_sql(f'DROP DATABASE IF EXISTS "{dbname}"')
 
     def close(self) -> None:
         """Drop the template, then stop the throwaway server (which removes all of it)."""

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from cpu_usage import pytest_runtest_protocol  # noqa: F401 # each test's CPU, when asked
 from pytest_postgresql.janitor import DatabaseJanitor
 from racing import RealTransitions
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine

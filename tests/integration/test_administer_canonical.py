@@ -89,6 +89,11 @@ class Holds:
     n: int
 
 
+@dataclass
+class Waits:
+    n: int
+
+
 class Worker:
     """A real awa-pg worker: each handler answers as its kind says; ``holds`` keeps its attempt
     until the runtime tells it the job was cancelled, then returns (a completion)."""
@@ -102,6 +107,7 @@ class Worker:
         self.client.task(Cancels, kind="cancels", queue=WORK)(self.cancels)
         self.client.task(Retries, kind="retries", queue=WORK)(self.retries)
         self.client.task(Holds, kind="holds", queue=WORK)(self.holds)
+        self.client.task(Waits, kind="waits", queue=WORK)(self.waits)
         self.client.task(Fails, kind="bulk", queue=WORK)(self.fails)
         self.client.task(Fails, kind="junk", queue=WORK)(self.fails)
         self.client.task(Fails, kind="fails", queue=OTHER)(self.fails)
@@ -125,6 +131,11 @@ class Worker:
             await asyncio.sleep(0.01)
         self.told.set()
 
+    async def waits(self, job: Any) -> Any:
+        self.runs["waits"] += 1
+        token = await job.register_callback(timeout_seconds=3600)
+        return awa.WaitForCallback(token)
+
 
 JOBS: list[tuple[Any, dict[str, Any]]] = [
     ({"n": 1}, {"kind": "idle", "queue": IDLE}),
@@ -138,14 +149,19 @@ JOBS: list[tuple[Any, dict[str, Any]]] = [
     (Fails(9), {"kind": "junk", "queue": WORK}),
     (Fails(10), {"kind": "junk", "queue": WORK}),
     (Fails(11), {"queue": OTHER}),
+    (Waits(12), {"queue": WORK, "unique_opts": {"by_args": True}}),
+    (Waits(13), {"queue": WORK, "unique_opts": {"by_args": True}, "tags": ["w"]}),
 ]
-"""Ids 1 to 11 on both clusters, each the starting state of one step."""
+"""Ids 1 to 13 on both clusters, each the starting state of one step."""
 AVAILABLE, SCHEDULED, FAILED, CANCELLED, RETRYABLE, RUNNING = range(1, 7)
 BULK = (7, 8)
 JUNK = (9, 10)
 ELSEWHERE = 11
+WAITING = (12, 13)
+"""Parked by their handler on a callback it registered: ``waiting_external``."""
 SETTLED = {FAILED: "failed", CANCELLED: "cancelled", RETRYABLE: "retryable", RUNNING: "running"}
 SETTLED |= dict.fromkeys((*BULK, *JUNK, ELSEWHERE), "failed")
+SETTLED |= dict.fromkeys(WAITING, "waiting_external")
 
 
 def states(engine: sa.Engine) -> dict[int, str]:
@@ -322,12 +338,14 @@ def twin_step(
     on_sa: Callable[[sa.Connection], Any],
     *,
     bulk: bool = False,
+    notes: list[tuple[str, str]] | None = None,
 ) -> tuple[Any, Any]:
     """Run a verb on both clusters; assert the two did the same; both results.
 
     A *bulk* verb's dirty marks are compared as the set of queues and kinds marked: through
     the view awa-pg writes each row in statements of its own, two marks per row; awa-sa's
-    one statement writes two per queue and kind (docs/administer.md).
+    one statement writes two per queue and kind (docs/administer.md). The NOTIFYs both sent
+    are appended to *notes* when given.
     """
     pg_side, sa_side = sides
     for side in sides:
@@ -343,7 +361,10 @@ def twin_step(
         for made in (pg_change, sa_change):
             made["marks"] = set(made["marks"])
     assert sa_change == pg_change
-    assert sa_side.notices() == pg_side.notices()
+    heard = sa_side.notices()
+    assert heard == pg_side.notices()
+    if notes is not None:
+        notes += heard
     return got_pg, got_sa
 
 
@@ -459,6 +480,44 @@ def test_retry_writes_what_awa_pg_writes(
     assert got_sa.state == "available"
     again = twin_step(sides, lambda c: c.retry(job_id), lambda conn: awa_sa.retry_job(conn, job_id))
     assert again == (None, None)
+
+
+def test_a_callback_wait_is_cancelled_and_retried_as_awa_pg_does(
+    live: dict[str, Any], sides: tuple[Side, Side]
+) -> None:
+    """Parked in ``waiting_external`` by a real handler (``register_callback``, then
+    ``WaitForCallback``): the cancel tells the runtime as a running one's does, the retry takes
+    the unique claim the wait had given up, and both clear the callback columns."""
+    cancelled, retried = WAITING
+    parked = snapshot(sides[1].engine)
+    for job_id in WAITING:
+        assert parked["jobs"][job_id]["callback_id"] is not None, job_id
+    assert not {job for _, job in parked["claims"]} & set(WAITING)
+    notes: list[tuple[str, str]] = []
+    got_pg, got_sa = twin_step(
+        sides,
+        lambda c: c.cancel(cancelled),
+        lambda conn: awa_sa.cancel_job(conn, cancelled),
+        notes=notes,
+    )
+    assert job_of_sa(got_sa) == job_of_pg(got_pg)
+    assert (got_sa.state, got_sa.callback_id, got_sa.callback_timeout_at) == (
+        "cancelled",
+        None,
+        None,
+    )
+    assert notes == [("awa:cancel", f'{{"job_id":{cancelled},"run_lease":1}}')]
+    notes.clear()
+    got_pg, got_sa = twin_step(
+        sides,
+        lambda c: c.retry(retried),
+        lambda conn: awa_sa.retry_job(conn, retried),
+        notes=notes,
+    )
+    assert job_of_sa(got_sa) == job_of_pg(got_pg)
+    assert (got_sa.state, got_sa.attempt, got_sa.callback_id) == ("available", 0, None)
+    assert [channel for channel, _ in notes] == [f"awa:{WORK}"]
+    assert retried in {job for _, job in snapshot(sides[1].engine)["claims"]}
 
 
 def test_nothing_matched_is_none_where_awa_pg_says_not_found(

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection, Engine, Select
 
+from awa_sa.administer_lease import cancelled_lease
 from awa_sa.administer_qs import discarded, retried
 from awa_sa.compiled import run
 from awa_sa.errors import DatabaseError, QueueStorageJobs, ValidationError
@@ -145,7 +146,8 @@ def _cancel_on_queue_storage(conn: Connection, schema: str, job_id: int) -> list
     # The row locked first: a promotion holding it makes this wait, then find it gone.
     lane_row = conn.execute(deferred_lane(), binds, execution_options=options).first()
     if lane_row is None:
-        return _cancel_running(conn, schema, job_id)
+        waiting = cancelled_lease(conn, schema, job_id)
+        return [waiting] if waiting is not None else _cancel_running(conn, schema, job_id)
     if conn.execute(claims_cancelled_only(), binds, execution_options=options).scalar_one():
         why = f"job {job_id}'s unique mask claims cancelled but not its state"
         raise QueueStorageJobs("cancel_job", schema, why)

@@ -1,0 +1,218 @@
+"""Callback waits on queue storage: awa-sa cancels and retries them as awa-pg 0.6.9's Client.
+
+Twin clusters built by ``awa migrate``, each auto-finalized to queue storage in schema ``awa``
+by its first real awa-pg runtime (the worker starts before any job). On each, the same jobs,
+one at a time: a real handler registers a callback (some flush a progress first) and returns
+``WaitForCallback``, which leaves the attempt a ``leases`` row in ``waiting_external`` (its
+``lease_claims`` receipt materialised). A side session holds the maintenance-leader lock, so
+no callback-timeout rescue runs.
+
+Each verb runs by awa-pg's ``AsyncClient`` on one twin and by awa-sa, in a caller's
+transaction that also commits a business row, on the other (:mod:`administering`): every row
+of every table of schema ``awa`` and every sequence changed alike, the same NOTIFYs. A rolled
+back cancel or retry leaves every row as it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import awa
+import pytest
+import sqlalchemy as sa
+from administering import change, pg_call, same_job, snapshot, twins
+from conftest import cloned
+from runtimes import hold_leadership, pg_url
+from sqlalchemy.ext.asyncio import create_async_engine
+
+import awa_sa
+import awa_sa.asyncio as awa_async
+from awa_sa.testing.databases import Databases
+from awa_sa.testing.server import EmbeddedPostgres
+
+pytestmark = pytest.mark.slow  # real awa-pg runtimes
+
+SCHEMAS = ("awa",)
+CHANNELS = ("awa:cancel", "awa:cb_q")
+WAITING: tuple[dict[str, Any], ...] = (
+    # The options of each job, enqueued and parked in this order: ids 1 to 6.
+    {"unique_opts": {"by_args": True}, "tags": ["t"], "metadata": {"m": 1}},
+    {"unique_opts": {"by_args": True}, "tags": ["t"], "metadata": {"m": 2}},
+    {"progress": True},
+    {"progress": True, "tags": ["p"]},
+    {"unique_opts": {"by_args": True}},
+    {},
+)
+CANCEL, RETRY, CANCEL_PROGRESS, RETRY_PROGRESS, ROLLED_BACK, ASYNC = range(1, 7)
+
+
+@dataclass
+class Twins:
+    urls: tuple[str, str]
+    engines: tuple[sa.Engine, sa.Engine]
+
+
+def _parked(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text("SELECT count(*) FROM awa.leases WHERE state = 'waiting_external'")
+            ).scalar_one()
+        )
+
+
+async def _park(url: str, engine: sa.Engine) -> list[int]:
+    """The quick-start order: a runtime first (auto-finalizing), then each job, parked on a
+    callback by its handler before the next is enqueued (so the twins' receipts match)."""
+    client = awa.AsyncClient(pg_url(url))
+
+    async def waits(job: Any) -> Any:
+        if job.args.get("progress"):
+            job.set_progress(50, "half way")
+            await job.flush_progress()
+        token = await job.register_callback(timeout_seconds=3600)
+        return awa.WaitForCallback(token)
+
+    client.task(dict, kind="waits", queue="cb_q")(waits)
+    await client.start([("cb_q", 1)], promote_interval_ms=600_000, heartbeat_interval_ms=600_000)
+    ids = []
+    try:
+        for n, options in enumerate(WAITING, start=1):
+            given = dict(options)
+            progress = given.pop("progress", False)
+            job = await client.insert(
+                {"n": n, "progress": progress}, kind="waits", queue="cb_q", **given
+            )
+            ids.append(job.id)
+            for _ in range(1200):
+                if await asyncio.to_thread(_parked, engine) == n:
+                    break
+                await asyncio.sleep(0.05)  # the worker's own pace: no lock to watch here
+            else:
+                raise AssertionError(f"job {job.id} was not parked within 60 s")
+    finally:
+        await client.shutdown()
+        await client.close()
+    return ids
+
+
+@pytest.fixture(scope="module")
+def parked(pg: EmbeddedPostgres, awa_databases: Databases, real_template: str) -> Iterator[Twins]:
+    with ExitStack() as stack:
+        urls, engines, made = [], [], []
+        for _ in range(2):
+            url = stack.enter_context(cloned(pg, awa_databases, real_template))
+            engine = sa.create_engine(url)
+            stack.callback(engine.dispose)
+            leader = hold_leadership(engine)
+            stack.callback(leader.close)
+            with engine.begin() as conn:
+                conn.execute(sa.text("CREATE TABLE public.business (note text)"))
+            made.append(asyncio.run(_park(url, engine)))
+            with engine.connect() as conn:
+                routed = conn.execute(sa.text("SELECT awa.active_queue_storage_schema()"))
+                assert routed.scalar() == "awa"
+            urls.append(url)
+            engines.append(engine)
+        assert made[0] == made[1] == list(range(1, len(WAITING) + 1))
+        yield Twins((urls[0], urls[1]), (engines[0], engines[1]))
+
+
+def _twins(parked: Twins, on_pg: Any, on_sa: Any) -> tuple[Any, Any, dict[str, Any], Any]:
+    return twins(parked.urls, parked.engines, on_pg, on_sa, schemas=SCHEMAS, channels=CHANNELS)
+
+
+CANCELLED = {
+    "awa.done_entries",
+    "awa.lease_claim_closures",
+    "awa.lease_claims",
+    "awa.leases",
+    "awa.queue_terminal_count_deltas",
+}
+"""What every cancel of a callback wait changes: the lease gone, its receipt closed, the
+cancelled row and its delta."""
+RETRIED = {
+    "awa.lease_claim_closures",
+    "awa.lease_claims",
+    "awa.leases",
+    "awa.ready_entries",
+    "awa.ready_segments",
+    "sequences",
+}
+"""What every retry of a callback wait changes: the lease gone, its receipt closed, the new
+ready row and segment, the lane's enqueue sequence."""
+
+
+@pytest.mark.parametrize("job_id", [CANCEL, CANCEL_PROGRESS], ids=["keyed", "progress"])
+def test_cancel_of_a_callback_wait_writes_what_awa_pg_writes(parked: Twins, job_id: int) -> None:
+    got_pg, got_sa, changed, notes = _twins(
+        parked, lambda c: c.cancel(job_id), lambda conn: awa_sa.cancel_job(conn, job_id)
+    )
+    same_job(got_sa, got_pg)
+    assert (got_sa.state, got_sa.storage, got_sa.progress) == (
+        "cancelled",
+        "awa",
+        got_pg.progress,
+    )
+    assert set(changed) >= CANCELLED, sorted(changed)
+    assert notes == [("awa:cancel", f'{{"job_id":{job_id},"run_lease":1}}')]
+    if job_id == CANCEL_PROGRESS:  # the flushed progress, from attempt_state into the payload
+        assert got_sa.progress is not None
+        assert "awa.attempt_state" in changed
+    else:  # the key stays claimed: the mask claims neither waiting_external nor cancelled
+        assert "awa.job_unique_claims" not in changed
+
+
+@pytest.mark.parametrize("job_id", [RETRY, RETRY_PROGRESS], ids=["keyed", "progress"])
+def test_retry_of_a_callback_wait_writes_what_awa_pg_writes(parked: Twins, job_id: int) -> None:
+    got_pg, got_sa, changed, notes = _twins(
+        parked, lambda c: c.retry(job_id), lambda conn: awa_sa.retry_job(conn, job_id)
+    )
+    same_job(got_sa, got_pg)
+    assert (got_sa.state, got_sa.attempt, got_sa.progress) == ("available", 0, got_pg.progress)
+    assert set(changed) >= RETRIED, sorted(changed)
+    assert [channel for channel, _ in notes] == ["awa:cb_q"]
+    if job_id == RETRY_PROGRESS:
+        assert got_sa.progress is not None
+        assert "awa.attempt_state" in changed
+
+
+def test_a_rolled_back_cancel_or_retry_leaves_the_wait_as_it_was(parked: Twins) -> None:
+    """Every row as it was; a retry's lane reservation alone outlives the rollback (a gap in
+    the lane's numbering, docs/contract.md#administer)."""
+    engine = parked.engines[1]
+    before = snapshot(engine, SCHEMAS)
+    with engine.connect() as conn:
+        assert awa_sa.cancel_job(conn, ROLLED_BACK) is not None
+        conn.rollback()
+    assert snapshot(engine, SCHEMAS) == before
+    with engine.connect() as conn:
+        assert awa_sa.retry_job(conn, ROLLED_BACK) is not None
+        conn.rollback()
+    assert list(change(before, snapshot(engine, SCHEMAS))) == ["sequences"]
+
+
+def test_the_async_twins_cancel_and_retry_a_callback_wait_with_asyncpg(parked: Twins) -> None:
+    """On one twin only, so last: a retry of the wait, then a cancel of the job it made
+    available (refused: awa-pg would tombstone its ready row), then awa-pg's own cancel."""
+    url = sa.make_url(parked.urls[1]).set(drivername="postgresql+asyncpg")
+
+    async def retry() -> awa_sa.JobRow | None:
+        engine = create_async_engine(url)
+        try:
+            async with engine.begin() as conn:
+                return await awa_async.retry_job(conn, ASYNC)
+        finally:
+            await engine.dispose()
+
+    got = asyncio.run(retry())
+    assert got is not None
+    assert (got.id, got.state, got.attempt, got.storage) == (ASYNC, "available", 0, "awa")
+    with pytest.raises(awa_sa.QueueStorageJobs), parked.engines[1].begin() as conn:
+        awa_sa.cancel_job(conn, ASYNC)
+    cancelled = pg_call(parked.urls[1], lambda c: c.cancel(ASYNC))
+    assert cancelled.id == ASYNC

@@ -45,13 +45,9 @@ def _lease(conn: Connection, schema: str, job_id: int, verb: Verb) -> Any:
     ).first()
     if lease is None:
         return None
-    name = f"{verb}_job"
-    if not lease.row_receipt:
-        why = f"job {job_id} waits on a callback claimed under a compact receipt"
-        raise QueueStorageJobs(name, schema, f"{why}, which awa-sa does not close")
     if verb == "cancel" and _claims_only_cancelled(lease):
         why = f"job {job_id}'s unique mask claims cancelled but not its state"
-        raise QueueStorageJobs(name, schema, why)
+        raise QueueStorageJobs("cancel_job", schema, why)
     return lease
 
 

@@ -22,21 +22,27 @@ from typing import Any, Literal
 from sqlalchemy import (
     CTE,
     BigInteger,
+    Boolean,
     ColumnElement,
+    Integer,
     Select,
     Text,
     and_,
     bindparam,
     case,
     cast,
+    column,
     delete,
     exists,
     func,
+    insert,
+    literal_column,
     null,
     or_,
     select,
+    true,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, INT8MULTIRANGE, JSONB, aggregate_order_by
 
 from awa_sa import queue_storage as qs
 from awa_sa.statements.admin_canonical import cancel_notice
@@ -55,6 +61,75 @@ _LANE = ("ready_slot", "ready_generation", "queue", "enqueue_shard", "lane_seq",
 _NULL_JSON = cast(text_literal("null"), JSONB)
 
 
+def _receipts_closed(gone: CTE) -> list[CTE]:
+    """The deleted lease's receipt closed as ``rescue``, as awa-pg closes the receipt of every
+    lease it deletes: a ``lease_claims`` row (closure and ``closed_at``), or a compact one (a
+    closure batch per claim batch, unless some closure already names it)."""
+    batch = qs.lease_claim_batches.alias("claim_batches")
+    items = (
+        func.unnest(batch.c.job_ids, batch.c.run_leases, batch.c.receipt_ids)
+        .table_valued(
+            column("job_id", BigInteger),
+            column("run_lease", BigInteger),
+            column("receipt_id", BigInteger),
+        )
+        .render_derived(name="items")
+    )
+    i = items.c
+    closures, ranges = qs.lease_claim_closures, qs.lease_claim_closure_batches
+    open_items = (
+        select(batch.c.claim_slot, batch.c.ready_slot, batch.c.ready_generation, i.receipt_id)
+        .select_from(
+            batch.join(items, true()).join(
+                gone, and_(gone.c.job_id == i.job_id, gone.c.run_lease == i.run_lease)
+            )
+        )
+        .where(
+            ~exists().where(
+                closures.c.claim_slot == batch.c.claim_slot,
+                closures.c.job_id == i.job_id,
+                closures.c.run_lease == i.run_lease,
+            ),
+            ~exists().where(
+                ranges.c.claim_slot == batch.c.claim_slot,
+                ranges.c.receipt_ranges.op("@>", return_type=Boolean)(i.receipt_id),
+            ),
+        )
+        .cte("batch_claims")
+    )
+    o = open_items.c
+    ordered = o.receipt_id.asc()
+    one_range = func.int8range(o.receipt_id, o.receipt_id + literal_column("1"), text_literal("[)"))
+    closed = (
+        insert(ranges)
+        .from_select(
+            [
+                "claim_slot",
+                "ready_slot",
+                "ready_generation",
+                "outcome",
+                "closed_count",
+                "receipt_ids",
+                "receipt_ranges",
+                "closed_at",
+            ],
+            select(
+                o.claim_slot,
+                o.ready_slot,
+                o.ready_generation,
+                text_literal("rescue"),
+                cast(func.count(), Integer),
+                func.array_agg(aggregate_order_by(o.receipt_id, ordered)),
+                func.range_agg(aggregate_order_by(one_range, ordered), type_=INT8MULTIRANGE),
+                func.clock_timestamp(),
+            ).group_by(o.claim_slot, o.ready_slot, o.ready_generation),
+        )
+        .returning(ranges.c.claim_slot)
+        .cte("inserted_batches")
+    )
+    return [close_removed_receipts(gone, "rescue"), closed]
+
+
 def _leased(verb: Verb) -> ColumnElement[bool]:
     lease = qs.leases.c
     job_id = bindparam("b_job_id", type_=BigInteger)
@@ -68,13 +143,9 @@ def _ready_of(lease: Any) -> ColumnElement[bool]:
 
 @statement
 def lease_target(*, verb: Verb) -> Select[Any]:
-    """Lock the job's lease: its lane, state and run lease, its key and mask (from its ready
-    row), and whether its receipt is a ``lease_claims`` row (a compact one is refused)."""
-    lease, claims = qs.leases, qs.lease_claims.c
-    ready = qs.ready_entries.c
-    row_receipt = exists().where(
-        claims.job_id == lease.c.job_id, claims.run_lease == lease.c.run_lease
-    )
+    """Lock the job's lease: its lane, state and run lease, and its key and mask (from its
+    ready row)."""
+    lease, ready = qs.leases, qs.ready_entries.c
     return (
         select(
             lease.c.job_id,
@@ -84,7 +155,6 @@ def lease_target(*, verb: Verb) -> Select[Any]:
             cast(lease.c.state, Text).label("state"),
             ready.unique_key,
             ready.unique_states,
-            row_receipt.label("row_receipt"),
         )
         .select_from(lease.outerjoin(qs.ready_entries, _ready_of(lease)))
         .where(_leased(verb))
@@ -202,7 +272,7 @@ def cancel_lease() -> Select[Any]:
         h.c.payload,
         cancel_notice(w.job_id, w.run_lease).label("notified"),
     ).select_from(written.join(h, h.c.job_id == w.job_id))
-    effects = [close_removed_receipts(gone, "rescue"), insert_terminal_delta(written), released]
+    effects = [*_receipts_closed(gone), insert_terminal_delta(written), released]
     return answer.add_cte(*effects)
 
 
@@ -231,4 +301,4 @@ def retry_lease() -> Select[Any]:
     gone, h = _hydrated("retry")
     enqueued, enqueuing, told = enqueued_again(h)
     answer = select(*enqueued.c, told.label("told"))
-    return answer.add_cte(close_removed_receipts(gone, "rescue"), *enqueuing)
+    return answer.add_cte(*_receipts_closed(gone), *enqueuing)

@@ -37,17 +37,25 @@ from awa_sa.testing.server import EmbeddedPostgres
 pytestmark = pytest.mark.slow  # real awa-pg runtimes
 
 SCHEMAS = ("awa",)
-CHANNELS = ("awa:cancel", "awa:cb_q")
+CHANNELS = ("awa:cancel", "awa:cb_q", "awa:cbc_q")
 WAITING: tuple[dict[str, Any], ...] = (
-    # The options of each job, enqueued and parked in this order: ids 1 to 6.
+    # The options of each job, enqueued and parked in this order: ids 1 to 8.
     {"unique_opts": {"by_args": True}, "tags": ["t"], "metadata": {"m": 1}},
     {"unique_opts": {"by_args": True}, "tags": ["t"], "metadata": {"m": 2}},
     {"progress": True},
     {"progress": True, "tags": ["p"]},
     {"unique_opts": {"by_args": True}},
     {},
+    {"queue": "cbc_q", "tags": ["c"]},
+    {"queue": "cbc_q", "unique_opts": {"by_args": True}},
 )
 CANCEL, RETRY, CANCEL_PROGRESS, RETRY_PROGRESS, ROLLED_BACK, ASYNC = range(1, 7)
+CANCEL_COMPACT, RETRY_COMPACT = 7, 8
+"""Claimed under compact receipts (a queue without a deadline): no ``lease_claims`` row."""
+QUEUES: list[dict[str, Any]] = [
+    {"name": "cb_q", "max_workers": 1},  # the default deadline: a ``lease_claims`` receipt
+    {"name": "cbc_q", "max_workers": 1, "deadline_duration_ms": 0},
+]
 
 
 @dataclass
@@ -78,15 +86,15 @@ async def _park(url: str, engine: sa.Engine) -> list[int]:
         return awa.WaitForCallback(token)
 
     client.task(dict, kind="waits", queue="cb_q")(waits)
-    await client.start([("cb_q", 1)], promote_interval_ms=600_000, heartbeat_interval_ms=600_000)
+    client.task(dict, kind="waits", queue="cbc_q")(waits)
+    await client.start(QUEUES, promote_interval_ms=600_000, heartbeat_interval_ms=600_000)
     ids = []
     try:
         for n, options in enumerate(WAITING, start=1):
             given = dict(options)
             progress = given.pop("progress", False)
-            job = await client.insert(
-                {"n": n, "progress": progress}, kind="waits", queue="cb_q", **given
-            )
+            given.setdefault("queue", "cb_q")
+            job = await client.insert({"n": n, "progress": progress}, kind="waits", **given)
             ids.append(job.id)
             for _ in range(1200):
                 if await asyncio.to_thread(_parked, engine) == n:
@@ -126,28 +134,24 @@ def _twins(parked: Twins, on_pg: Any, on_sa: Any) -> tuple[Any, Any, dict[str, A
     return twins(parked.urls, parked.engines, on_pg, on_sa, schemas=SCHEMAS, channels=CHANNELS)
 
 
-CANCELLED = {
-    "awa.done_entries",
-    "awa.lease_claim_closures",
-    "awa.lease_claims",
-    "awa.leases",
-    "awa.queue_terminal_count_deltas",
-}
-"""What every cancel of a callback wait changes: the lease gone, its receipt closed, the
-cancelled row and its delta."""
+CLOSED = {"awa.lease_claim_closures", "awa.lease_claims"}
+"""A ``lease_claims`` receipt closed (a compact one: a closure batch)."""
+CANCELLED = {"awa.done_entries", "awa.leases", "awa.queue_terminal_count_deltas"}
+"""What every cancel of a callback wait changes: the lease gone, the cancelled row and its
+delta (and its receipt closed)."""
 RETRIED = {
-    "awa.lease_claim_closures",
-    "awa.lease_claims",
     "awa.leases",
     "awa.ready_entries",
     "awa.ready_segments",
     "sequences",
 }
-"""What every retry of a callback wait changes: the lease gone, its receipt closed, the new
-ready row and segment, the lane's enqueue sequence."""
+"""What every retry of a callback wait changes: the lease gone, the new ready row and segment,
+the lane's enqueue sequence (and its receipt closed)."""
 
 
-@pytest.mark.parametrize("job_id", [CANCEL, CANCEL_PROGRESS], ids=["keyed", "progress"])
+@pytest.mark.parametrize(
+    "job_id", [CANCEL, CANCEL_PROGRESS, CANCEL_COMPACT], ids=["keyed", "progress", "compact"]
+)
 def test_cancel_of_a_callback_wait_writes_what_awa_pg_writes(parked: Twins, job_id: int) -> None:
     got_pg, got_sa, changed, notes = _twins(
         parked, lambda c: c.cancel(job_id), lambda conn: awa_sa.cancel_job(conn, job_id)
@@ -158,7 +162,8 @@ def test_cancel_of_a_callback_wait_writes_what_awa_pg_writes(parked: Twins, job_
         "awa",
         got_pg.progress,
     )
-    assert set(changed) >= CANCELLED, sorted(changed)
+    closed = {"awa.lease_claim_closure_batches"} if job_id == CANCEL_COMPACT else CLOSED
+    assert set(changed) >= CANCELLED | closed, sorted(changed)
     assert notes == [("awa:cancel", f'{{"job_id":{job_id},"run_lease":1}}')]
     if job_id == CANCEL_PROGRESS:  # the flushed progress, from attempt_state into the payload
         assert got_sa.progress is not None
@@ -167,15 +172,19 @@ def test_cancel_of_a_callback_wait_writes_what_awa_pg_writes(parked: Twins, job_
         assert "awa.job_unique_claims" not in changed
 
 
-@pytest.mark.parametrize("job_id", [RETRY, RETRY_PROGRESS], ids=["keyed", "progress"])
+@pytest.mark.parametrize(
+    "job_id", [RETRY, RETRY_PROGRESS, RETRY_COMPACT], ids=["keyed", "progress", "compact"]
+)
 def test_retry_of_a_callback_wait_writes_what_awa_pg_writes(parked: Twins, job_id: int) -> None:
     got_pg, got_sa, changed, notes = _twins(
         parked, lambda c: c.retry(job_id), lambda conn: awa_sa.retry_job(conn, job_id)
     )
     same_job(got_sa, got_pg)
     assert (got_sa.state, got_sa.attempt, got_sa.progress) == ("available", 0, got_pg.progress)
-    assert set(changed) >= RETRIED, sorted(changed)
-    assert [channel for channel, _ in notes] == ["awa:cb_q"]
+    closed = {"awa.lease_claim_closure_batches"} if job_id == RETRY_COMPACT else CLOSED
+    assert set(changed) >= RETRIED | closed, sorted(changed)
+    queue = "cbc_q" if job_id == RETRY_COMPACT else "cb_q"
+    assert [channel for channel, _ in notes] == [f"awa:{queue}"]
     if job_id == RETRY_PROGRESS:
         assert got_sa.progress is not None
         assert "awa.attempt_state" in changed

@@ -130,8 +130,8 @@ def _receipts_closed(gone: CTE) -> list[CTE]:
     return [close_removed_receipts(gone, "rescue"), closed]
 
 
-def _leased(verb: Verb) -> ColumnElement[bool]:
-    lease = qs.leases.c
+def _leased(verb: Verb, table: Any = qs.leases) -> ColumnElement[bool]:
+    lease = table.c
     job_id = bindparam("b_job_id", type_=BigInteger)
     return and_(lease.job_id == job_id, lease.state.in_([state(s) for s in HELD[verb]]))
 
@@ -145,7 +145,8 @@ def _ready_of(lease: Any) -> ColumnElement[bool]:
 def lease_target(*, verb: Verb) -> Select[Any]:
     """Lock the job's lease: its lane, state and run lease, and its key and mask (from its
     ready row)."""
-    lease, ready = qs.leases, qs.ready_entries.c
+    # An alias: FOR UPDATE OF names it unqualified, as the schema translation needs.
+    lease, ready = qs.leases.alias("lease"), qs.ready_entries.c
     return (
         select(
             lease.c.job_id,
@@ -157,7 +158,7 @@ def lease_target(*, verb: Verb) -> Select[Any]:
             ready.unique_states,
         )
         .select_from(lease.outerjoin(qs.ready_entries, _ready_of(lease)))
-        .where(_leased(verb))
+        .where(_leased(verb, lease))
         .with_for_update(of=lease)
     )
 

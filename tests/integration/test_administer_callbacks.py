@@ -24,9 +24,9 @@ from typing import Any
 import awa
 import pytest
 import sqlalchemy as sa
-from administering import change, pg_call, same_job, snapshot, twins
+from administering import change, heard, pg_call, sa_call, same_job, snapshot, twins
 from conftest import cloned
-from runtimes import hold_leadership, pg_url
+from runtimes import hold_leadership, pg_url, rows
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import awa_sa
@@ -225,3 +225,74 @@ def test_the_async_twins_cancel_and_retry_a_callback_wait_with_asyncpg(parked: T
         awa_sa.cancel_job(conn, ASYNC)
     cancelled = pg_call(parked.urls[1], lambda c: c.cancel(ASYNC))
     assert cancelled.id == ASYNC
+
+
+async def _cancel_beside_worker(url: str, engine: sa.Engine, by_awa_sa: bool) -> dict[str, Any]:
+    """A live worker's handler registers a callback and keeps running (its lease ``running``)
+    until told it is cancelled; the cancel by awa-sa (a caller's transaction) or by awa-pg; the
+    runtime's completion of the attempt lands on shutdown."""
+    client = awa.AsyncClient(pg_url(url))
+    holding = asyncio.Event()
+    told: list[int] = []
+
+    async def holds(job: Any) -> Any:
+        await job.register_callback(timeout_seconds=3600)
+        holding.set()
+        while not job.is_cancelled():  # the handler's own pace, as a real one polls
+            await asyncio.sleep(0.01)
+        told.append(job.id)
+
+    client.task(dict, kind="holds", queue="cbr_q")(holds)
+    await client.start(
+        [{"name": "cbr_q", "max_workers": 1}],
+        promote_interval_ms=600_000,
+        heartbeat_interval_ms=600_000,
+    )
+    try:
+        job = await client.insert({"h": 1}, kind="holds", queue="cbr_q")
+        await asyncio.wait_for(holding.wait(), 60)
+        lease = await asyncio.to_thread(
+            rows, engine, "SELECT state::text AS state FROM awa.leases WHERE job_id = :i", i=job.id
+        )
+        assert lease == [{"state": "running"}]
+        before = await asyncio.to_thread(snapshot, engine, SCHEMAS)
+
+        def cancel() -> Any:
+            if by_awa_sa:
+                return sa_call(engine, lambda conn: awa_sa.cancel_job(conn, job.id))
+            return pg_call(url, lambda c: c.cancel(job.id))
+
+        got, notes = await asyncio.to_thread(heard, url, CHANNELS, cancel)
+        for _ in range(3000):
+            if told:
+                break
+            await asyncio.sleep(0.01)  # the handler's pace
+    finally:
+        await client.shutdown()  # the handler returned: its completion lands
+        await client.close()
+    after = await asyncio.to_thread(snapshot, engine, SCHEMAS)
+    return {"job": got, "change": change(before, after), "notes": notes, "told": told}
+
+
+def test_a_running_attempt_with_a_callback_cancelled_beside_its_worker_as_awa_pg(
+    parked: Twins,
+) -> None:
+    """Last: a worker of its own on each twin. Its handler is told and returns once; the
+    runtime's completion after the cancel changes nothing."""
+    on_pg = asyncio.run(_cancel_beside_worker(parked.urls[0], parked.engines[0], False))
+    on_sa = asyncio.run(_cancel_beside_worker(parked.urls[1], parked.engines[1], True))
+    got_pg, got_sa = on_pg["job"], on_sa["job"]
+    assert got_sa is not None
+    same_job(got_sa, got_pg)
+    assert on_sa["change"] == on_pg["change"]
+    assert set(on_sa["change"]) >= CANCELLED | CLOSED, sorted(on_sa["change"])
+    assert (
+        on_sa["notes"]
+        == on_pg["notes"]
+        == [("awa:cancel", f'{{"job_id":{got_sa.id},"run_lease":1}}')]
+    )
+    assert on_sa["told"] == on_pg["told"] == [got_sa.id]
+    # One terminal row, the cancel's: the completion found no lease and wrote nothing.
+    (written,) = on_sa["change"]["awa.done_entries"][1]
+    assert ",cancelled," in written
+    assert "awa.receipt_completion_batches" not in on_sa["change"]

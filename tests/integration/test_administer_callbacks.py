@@ -4,13 +4,15 @@ Twin clusters built by ``awa migrate``, each auto-finalized to queue storage in 
 by its first real awa-pg runtime (the worker starts before any job). On each, the same jobs,
 one at a time: a real handler registers a callback (some flush a progress first) and returns
 ``WaitForCallback``, which leaves the attempt a ``leases`` row in ``waiting_external`` (its
-``lease_claims`` receipt materialised). A side session holds the maintenance-leader lock, so
-no callback-timeout rescue runs.
+receipt materialised: a ``lease_claims`` row, or on a queue without a deadline a compact one).
+A side session holds the maintenance-leader lock, so no callback-timeout rescue runs.
 
 Each verb runs by awa-pg's ``AsyncClient`` on one twin and by awa-sa, in a caller's
 transaction that also commits a business row, on the other (:mod:`administering`): every row
 of every table of schema ``awa`` and every sequence changed alike, the same NOTIFYs. A rolled
-back cancel or retry leaves every row as it was.
+back cancel leaves every row as it was, a rolled back retry all but its lane's gap. Last, a
+handler that registered a callback and keeps running is cancelled beside its live worker on
+each twin: told once, and its completion changes nothing.
 """
 
 from __future__ import annotations

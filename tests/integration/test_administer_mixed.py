@@ -1,11 +1,12 @@
-"""Retry and discard in mixed_transition: awa-sa writes what awa-pg 0.6.9's own Client writes.
+"""Retry, discard and callback waits in mixed_transition: awa-sa writes what awa-pg 0.6.9 writes.
 
 Twin clusters, each a clone of the ``awa migrate`` template: a canonical job enqueued first
 (``awa.jobs_hot`` id 1, on a queue no worker serves), then the real CLI prepares queue storage
 in schema ``awa_qs`` and flips the cluster to ``mixed_transition``. On each the same jobs, in
 the same order, enqueued by awa-pg (so into ``awa_qs``, whose ids start at 1 too) and failed
 by a real awa-pg worker of the ``queue_storage_target`` role (its handler raises, one attempt
-each); a scheduled job cancelled by awa-pg's cancel. A side session holds the
+each), then two it parks on a callback (``register_callback``, ``WaitForCallback``); a
+scheduled job cancelled by awa-pg's cancel. A side session holds the
 maintenance-leader lock throughout, so no promotion, rescue or recompute runs.
 
 Each verb runs by awa-pg's ``AsyncClient`` on one twin and by awa-sa, in a caller's
@@ -37,7 +38,7 @@ from awa_sa.testing.server import EmbeddedPostgres
 pytestmark = pytest.mark.slow  # real awa-pg runtimes and the real CLI
 
 SCHEMAS = ("awa", "awa_qs")
-CHANNELS = ("awa:cancel", "awa:work_q", "awa:fail_q", "awa:idle_q")
+CHANNELS = ("awa:cancel", "awa:work_q", "awa:fail_q", "awa:idle_q", "awa:cb_q")
 FAILING: tuple[tuple[str, str, int, dict[str, Any]], ...] = (
     # (kind, queue, priority, options): failed by a real worker (max_attempts 1), in this order.
     ("fails_one", "work_q", 2, {"unique_opts": {"by_args": True}, "tags": ["a"]}),
@@ -50,7 +51,9 @@ FAILING: tuple[tuple[str, str, int, dict[str, Any]], ...] = (
 )
 FAILS_ONE = 1
 """awa_qs's first job: the same id as the canonical job enqueued before the flip."""
-CANCELLED = len(FAILING) + 1
+WAITING = (len(FAILING) + 1, len(FAILING) + 2)
+"""Parked on a callback by their handler: a ``leases`` row of ``awa_qs``, ``waiting_external``."""
+CANCELLED = len(FAILING) + 3
 
 
 @dataclass
@@ -59,51 +62,71 @@ class Twins:
     engines: tuple[sa.Engine, sa.Engine]
 
 
+def _counted(engine: sa.Engine, ids: list[int]) -> tuple[int, int]:
+    """How many of *ids* failed, and how many wait on a callback."""
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.text(
+                "SELECT (SELECT count(*) FROM awa_qs.done_entries"
+                "  WHERE state = 'failed' AND job_id = ANY(:ids)),"
+                " (SELECT count(*) FROM awa_qs.leases"
+                "  WHERE state = 'waiting_external' AND job_id = ANY(:ids))"
+            ),
+            {"ids": ids},
+        ).one()
+    return int(row[0]), int(row[1])
+
+
 async def _fail(url: str, engine: sa.Engine) -> list[int]:
-    """FAILING's jobs, enqueued first, then failed by a queue-storage target worker; a
-    scheduled job, cancelled by awa-pg. Every id, in that order."""
+    """FAILING's jobs, enqueued first, then failed by a queue-storage target worker; two jobs
+    it parks on a callback, one at a time; a scheduled job, cancelled by awa-pg. Every id, in
+    that order."""
     client = awa.AsyncClient(pg_url(url))
 
     async def fails(job: Any) -> Any:
         raise RuntimeError("fails for good")
 
+    async def waits(job: Any) -> Any:
+        token = await job.register_callback(timeout_seconds=3600)
+        return awa.WaitForCallback(token)
+
     for kind, queue in sorted({(kind, queue) for kind, queue, _, _ in FAILING}):
         client.task(dict, kind=kind, queue=queue)(fails)
+    client.task(dict, kind="waits", queue="cb_q")(waits)
     ids = []
     for n, (kind, queue, priority, options) in enumerate(FAILING):
         job = await client.insert(
             {"f": n}, kind=kind, queue=queue, priority=priority, max_attempts=1, **options
         )
         ids.append(job.id)
+    waiting: list[int] = []
     await client.start(
-        [("work_q", 2), ("fail_q", 2)],
+        [("work_q", 2), ("fail_q", 2), ("cb_q", 1)],
         promote_interval_ms=600_000,
         heartbeat_interval_ms=600_000,
         queue_storage_schema="awa_qs",
         storage_transition_role="queue_storage_target",
     )
     try:
-        for _ in range(1200):
-            with engine.connect() as conn:
-                failed = conn.execute(
-                    sa.text(
-                        "SELECT count(*) FROM awa_qs.done_entries"
-                        " WHERE state = 'failed' AND job_id = ANY(:ids)"
-                    ),
-                    {"ids": ids},
-                ).scalar_one()
-            if failed == len(ids):
-                break
-            await asyncio.sleep(0.05)  # the worker's own pace: no lock to watch here
-        else:
-            raise AssertionError("the worker did not fail every job within 60 s")
+        for n in range(3):  # the failures, then each wait before the next (receipts in step)
+            if n:
+                job = await client.insert(
+                    {"w": n}, kind="waits", queue="cb_q", unique_opts={"by_args": True}, tags=["w"]
+                )
+                waiting.append(job.id)
+            for _ in range(1200):
+                if await asyncio.to_thread(_counted, engine, ids + waiting) == (len(ids), n):
+                    break
+                await asyncio.sleep(0.05)  # the worker's own pace: no lock to watch here
+            else:
+                raise AssertionError("the worker did not fail or park every job within 60 s")
     finally:
         await client.shutdown()
     try:
         later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
         job = await client.insert({"c": 1}, kind="idle", queue="idle_q", run_at=later)
         await client.cancel(job.id)
-        return [*ids, job.id]
+        return [*ids, *waiting, job.id]
     finally:
         await client.close()
 
@@ -212,3 +235,23 @@ def test_discard_failed_writes_what_awa_pg_writes(mixed: Twins) -> None:
     assert got_sa == got_pg == 2
     assert {"awa_qs.done_entries", "awa_qs.queue_terminal_count_deltas"} <= set(changed)
     assert notes == []
+
+
+def test_a_callback_wait_is_cancelled_and_retried_as_awa_pg(mixed: Twins) -> None:
+    """Parked in ``awa_qs`` by a real handler: the lease deleted, its receipt closed, then the
+    cancelled row (with the ``awa:cancel`` NOTIFY), or the job enqueued again."""
+    cancelled, retried = WAITING
+    got_pg, got_sa, changed, notes = _twins(
+        mixed, lambda c: c.cancel(cancelled), lambda conn: awa_sa.cancel_job(conn, cancelled)
+    )
+    same_job(got_sa, got_pg)
+    assert (got_sa.state, got_sa.storage) == ("cancelled", "awa_qs")
+    assert {"awa_qs.leases", "awa_qs.done_entries", "awa_qs.lease_claim_closures"} <= set(changed)
+    assert notes == [("awa:cancel", f'{{"job_id":{cancelled},"run_lease":1}}')]
+    got_pg, got_sa, changed, notes = _twins(
+        mixed, lambda c: c.retry(retried), lambda conn: awa_sa.retry_job(conn, retried)
+    )
+    same_job(got_sa, got_pg)
+    assert (got_sa.state, got_sa.storage, got_sa.attempt) == ("available", "awa_qs", 0)
+    assert set(changed) >= RETRIED - {"awa_qs.done_entries", "awa_qs.queue_terminal_count_deltas"}
+    assert [channel for channel, _ in notes] == ["awa:cb_q"]

@@ -28,6 +28,7 @@ import pytest
 import sqlalchemy as sa
 from administering import change, heard, pg_call, sa_call, same_job, snapshot, twins
 from conftest import cloned
+from racing import held, in_thread, wait_until_blocked
 from runtimes import hold_leadership, pg_url, rows
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -41,7 +42,7 @@ pytestmark = pytest.mark.slow  # real awa-pg runtimes
 SCHEMAS = ("awa",)
 CHANNELS = ("awa:cancel", "awa:cb_q", "awa:cbc_q")
 WAITING: tuple[dict[str, Any], ...] = (
-    # The options of each job, enqueued and parked in this order: ids 1 to 8.
+    # The options of each job, enqueued and parked in this order: ids 1 to 10.
     {"unique_opts": {"by_args": True}, "tags": ["t"], "metadata": {"m": 1}},
     {"unique_opts": {"by_args": True}, "tags": ["t"], "metadata": {"m": 2}},
     {"progress": True},
@@ -50,9 +51,13 @@ WAITING: tuple[dict[str, Any], ...] = (
     {},
     {"queue": "cbc_q", "tags": ["c"]},
     {"queue": "cbc_q", "unique_opts": {"by_args": True}},
+    {},
+    {},
 )
 CANCEL, RETRY, CANCEL_PROGRESS, RETRY_PROGRESS, ROLLED_BACK, ASYNC = range(1, 7)
 CANCEL_COMPACT, RETRY_COMPACT = 7, 8
+CANCEL_FIRST, COMPLETE_FIRST = 9, 10
+"""Each raced with awa-pg's ``complete_external`` of its callback, in one order."""
 """Claimed under compact receipts (a queue without a deadline): no ``lease_claims`` row."""
 QUEUES: list[dict[str, Any]] = [
     {"name": "cb_q", "max_workers": 1},  # the default deadline: a ``lease_claims`` receipt
@@ -205,6 +210,59 @@ def test_a_rolled_back_cancel_or_retry_leaves_the_wait_as_it_was(parked: Twins) 
         assert awa_sa.retry_job(conn, ROLLED_BACK) is not None
         conn.rollback()
     assert list(change(before, snapshot(engine, SCHEMAS))) == ["sequences"]
+
+
+def _callback_id(engine: sa.Engine, job_id: int) -> str:
+    with engine.connect() as conn:
+        found = conn.execute(
+            sa.text("SELECT callback_id::text FROM awa.leases WHERE job_id = :i"), {"i": job_id}
+        )
+        return str(found.scalar_one())
+
+
+def _terminal(engine: sa.Engine, job_id: int) -> list[str]:
+    with engine.connect() as conn:
+        found = conn.execute(
+            sa.text(
+                "SELECT state::text FROM awa.done_entries WHERE job_id = :i"
+                " UNION ALL SELECT state::text FROM awa.leases WHERE job_id = :i"
+            ),
+            {"i": job_id},
+        )
+        return list(found.scalars())
+
+
+def test_a_cancel_racing_awa_pgs_complete_external_ends_the_wait_once(parked: Twins) -> None:
+    """Forced with held locks, on one twin: awa-sa's cancel holding the deleted lease makes
+    ``complete_external`` wait, then find no wait; a side lock held on the lease while
+    ``complete_external`` and then the cancel queue behind it lets the completion go first,
+    and the cancel then finds a completed job (refused, nothing written)."""
+    url, engine = parked.urls[1], parked.engines[1]
+    callback = _callback_id(engine, CANCEL_FIRST)
+    with held(engine) as tx:
+        assert awa_sa.cancel_job(tx.conn, CANCEL_FIRST) is not None
+        completing = in_thread(lambda: pg_call(url, lambda c: c.complete_external(callback)))
+        wait_until_blocked(engine, tx.pid, pending=[completing])
+        tx.commit()
+    with pytest.raises(awa.AwaError):
+        completing.result(timeout=60)
+    assert _terminal(engine, CANCEL_FIRST) == ["cancelled"]
+
+    callback = _callback_id(engine, COMPLETE_FIRST)
+    with held(engine) as tx:
+        tx.execute("SELECT 1 FROM awa.leases WHERE job_id = :i FOR UPDATE", {"i": COMPLETE_FIRST})
+        completing = in_thread(lambda: pg_call(url, lambda c: c.complete_external(callback)))
+        (first,) = wait_until_blocked(engine, tx.pid, pending=[completing])
+        cancelling = in_thread(
+            lambda: sa_call(engine, lambda c: awa_sa.cancel_job(c, COMPLETE_FIRST))
+        )
+        # The first waiter holds the row's tuple lock: the cancel queues behind it.
+        wait_until_blocked(engine, first.pid, pending=[completing, cancelling])
+        tx.rollback()
+    assert completing.result(timeout=60).id == COMPLETE_FIRST
+    with pytest.raises(awa_sa.QueueStorageJobs):
+        cancelling.result(timeout=60)
+    assert _terminal(engine, COMPLETE_FIRST) == ["completed"]
 
 
 def test_the_async_twins_cancel_and_retry_a_callback_wait_with_asyncpg(parked: Twins) -> None:

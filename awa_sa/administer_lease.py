@@ -66,7 +66,9 @@ def cancelled_lease(conn: Connection, schema: str, job_id: int) -> JobRow | None
     if _lease(conn, schema, job_id, "cancel") is None:
         return None
     options = {"schema_translate_map": translate_map(schema)}
-    row = conn.execute(cancel_lease(), {"b_job_id": job_id}, execution_options=options).one()
+    row = conn.execute(cancel_lease(), {"b_job_id": job_id}, execution_options=options).first()
+    if row is None:  # awa-pg's hydration fails there too; the caller's rollback undoes it
+        raise DatabaseError(f"{schema}.leases row of job {job_id} has no ready row")
     return JobRow(**done_job_fields(row), storage=schema)
 
 
@@ -96,6 +98,8 @@ def retried_lease(conn: Connection, schema: str, job_id: int) -> JobRow | None:
         "b_ready_slot": ring.current_slot,
         "b_ready_generation": ring.generation,
     }
-    row = conn.execute(retry_lease(), at_ring, execution_options=options).one()
+    row = conn.execute(retry_lease(), at_ring, execution_options=options).first()
+    if row is None:
+        raise DatabaseError(f"{schema}.leases row of job {job_id} has no ready row")
     fields = done_job_fields(row, state="available", finalized_at=None, unique_states=None)
     return JobRow(**fields, storage=schema)

@@ -13,8 +13,9 @@ as a reschedule takes it) and sends one statement that reads routing afresh and 
 while routing is canonical (:mod:`awa_sa.statements.admin_canonical`). Once routing points at
 queue storage that statement wrote nothing: a cancel of a scheduled, retryable or running job
 goes on in the routing schema (:mod:`awa_sa.statements.admin_queue_storage`), a retry or
-discard of failed jobs too (:mod:`awa_sa.administer_qs`), and what awa-sa cannot write there
-as awa-pg does raises :class:`~awa_sa.errors.QueueStorageJobs`.
+discard of failed jobs too (:mod:`awa_sa.administer_qs`), a cancel or retry of a callback
+wait as well (:mod:`awa_sa.administer_lease`), and what awa-sa cannot write there as awa-pg
+does raises :class:`~awa_sa.errors.QueueStorageJobs`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection, Engine, Select
 
+from awa_sa.administer_lease import cancelled_lease
 from awa_sa.administer_qs import discarded, retried
 from awa_sa.compiled import run
 from awa_sa.errors import DatabaseError, QueueStorageJobs, ValidationError
@@ -138,14 +140,15 @@ def cancel_job_step(job_id: object) -> Step[JobRow | None]:
 
 
 def _cancel_on_queue_storage(conn: Connection, schema: str, job_id: int) -> list[Any]:
-    """Cancel a scheduled, retryable or running job of *schema* as awa-pg does
-    (docs/administer.md); anything else there is refused."""
+    """Cancel a scheduled, retryable, running or callback-waiting job of *schema* as awa-pg
+    does (docs/administer.md); anything else there is refused."""
     options = {"schema_translate_map": translate_map(schema)}
     binds = {"b_job_id": job_id}
     # The row locked first: a promotion holding it makes this wait, then find it gone.
     lane_row = conn.execute(deferred_lane(), binds, execution_options=options).first()
     if lane_row is None:
-        return _cancel_running(conn, schema, job_id)
+        waiting = cancelled_lease(conn, schema, job_id)
+        return [waiting] if waiting is not None else _cancel_running(conn, schema, job_id)
     if conn.execute(claims_cancelled_only(), binds, execution_options=options).scalar_one():
         why = f"job {job_id}'s unique mask claims cancelled but not its state"
         raise QueueStorageJobs("cancel_job", schema, why)
@@ -268,6 +271,9 @@ class _JobFields:
     storage: str
 
 
+_CALLBACK_MEANWHILE = "job {} registered a callback meanwhile (a leases row): call again"
+
+
 def _cancel_running(conn: Connection, schema: str, job_id: int) -> list[Any]:
     """Close the job's open receipt as cancelled, as awa-pg's cancel does, and tell its
     handler: the settle of a receipt (``statements.receipt_settles``) with awa-pg's admin
@@ -278,8 +284,7 @@ def _cancel_running(conn: Connection, schema: str, job_id: int) -> list[Any]:
         raise QueueStorageJobs("cancel_job", schema, f"{why} (all awa-sa cancels there)")
     attempt = max(mine, key=lambda a: a.run_lease)
     if attempt.receipt_id is None or attempt.claim_slot is None:
-        why = f"job {job_id} waits on a callback (a leases row), which awa-sa does not cancel"
-        raise QueueStorageJobs("cancel_job", schema, why)
+        raise QueueStorageJobs("cancel_job", schema, _CALLBACK_MEANWHILE.format(job_id))
     item = ReceiptItem(
         job_id,
         attempt.run_lease,
@@ -299,8 +304,7 @@ def _cancel_running(conn: Connection, schema: str, job_id: int) -> list[Any]:
     run(conn, RECEIPT_LOCKS, [item], schema)
     closed = run(conn, SETTLE_RECEIPT, item, schema)
     if closed.materialised:
-        why = f"job {job_id} waits on a callback (a leases row), which awa-sa does not cancel"
-        raise QueueStorageJobs("cancel_job", schema, why)
+        raise QueueStorageJobs("cancel_job", schema, _CALLBACK_MEANWHILE.format(job_id))
     if closed.job_id is None:
         raise QueueStorageJobs("cancel_job", schema, f"job {job_id}'s attempt ended meanwhile")
     options = {"schema_translate_map": translate_map(schema)}
@@ -328,8 +332,8 @@ def cancel_job(bind: Engine | Connection | Session, job_id: int) -> JobRow | Non
     delivered when the transaction commits; the runtime's later ending of that attempt then
     changes nothing. ``bind`` is an ``Engine`` (own transaction, committed), or a
     ``Connection`` or ``Session`` (the caller's transaction, never committed here). Once
-    routing is queue storage, a scheduled, retryable or running job of the routing schema is
-    cancelled as awa-pg cancels it there, and anything else raises
+    routing is queue storage, a scheduled, retryable, running or callback-waiting job of the
+    routing schema is cancelled as awa-pg cancels it there, and anything else raises
     :class:`~awa_sa.errors.QueueStorageJobs` (docs/administer.md).
     """
     check_bind(bind)

@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from awa_sa.administer_lease import retried_lease
 from awa_sa.compiled import run
 from awa_sa.errors import DatabaseError, QueueStorageJobs, UniqueConflict
 from awa_sa.queue_storage import translate_map
@@ -28,7 +29,6 @@ from awa_sa.statements.admin_qs_retry import (
     retry_done,
     retry_targets,
     sharded_queues,
-    waits_on_callback,
 )
 from awa_sa.statements.admin_queue_storage import done_job_fields
 from awa_sa.statements.duplicate import (
@@ -53,13 +53,14 @@ def retried(
     failed rows already pruned (awa-pg's ``pruned_failed_count``)."""
     options = {"schema_translate_map": translate_map(schema)}
     verb = VERBS[by]
+    if by == "job":  # awa-pg resumes a callback wait first
+        resumed = retried_lease(conn, schema, binds["b_job_id"])
+        if resumed is not None:
+            return [resumed], 1, None
     targets = conn.execute(retry_targets(by=by), binds, execution_options=options).all()
     waiting = [t.job_id for t in targets if t.waits]
-    lone = by == "job" and not targets
-    if lone and conn.execute(waits_on_callback(), binds, execution_options=options).scalar_one():
-        waiting = [binds["b_job_id"]]
     if waiting:
-        why = f"job {waiting[0]} waits on a callback (a leases row), which awa-sa does not resume"
+        why = f"job {waiting[0]} also waits on a callback (a leases row): retry it by its id"
         raise QueueStorageJobs(verb, schema, why)
     matched, pruned = len(targets), None
     if by != "job":

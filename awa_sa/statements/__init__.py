@@ -24,6 +24,7 @@ from awa_sa.statements.admin_canonical import (
     retry_job_canonical,
 )
 from awa_sa.statements.admin_qs_discard import discard_failed_qs
+from awa_sa.statements.admin_qs_lease import cancel_lease, retry_lease
 from awa_sa.statements.admin_qs_retry import retry_done, retry_targets
 from awa_sa.statements.admin_queue_storage import (
     cancel_deferred,
@@ -58,6 +59,7 @@ __all__ = [
     "all_builders",
     "cancel_deferred",
     "cancel_job_canonical",
+    "cancel_lease",
     "canonical_move",
     "claim_unique_keys",
     "claims_cancelled_only",
@@ -78,6 +80,7 @@ __all__ = [
     "retry_done",
     "retry_failed_canonical",
     "retry_job_canonical",
+    "retry_lease",
     "retry_targets",
     "ring_cursor",
     "routing_lock",

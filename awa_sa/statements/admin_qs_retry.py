@@ -126,15 +126,6 @@ def failed_matched(*, by: Literal["kind", "queue"]) -> Select[Any]:
 
 
 @statement
-def waits_on_callback() -> Select[Any]:
-    """Whether job ``b_job_id`` waits on a callback (a ``leases`` row)."""
-    lease = qs.leases.c
-    job_id = bindparam("b_job_id", type_=BigInteger)
-    waits = exists().where(lease.job_id == job_id, lease.state == state("waiting_external"))
-    return select(waits.label("waits"))
-
-
-@statement
 def pruned_failed() -> Select[Any]:
     """awa-pg 0.6.9's ``pruned_failed_count`` of a queue: its rollups' pruned failed rows."""
     r = queue_terminal_rollups.c
@@ -193,8 +184,12 @@ def retry_claims() -> Select[Any]:
     """The retried jobs' unique claims: released where the mask claims the old state but not
     ``available``, taken where the reverse (kept by another job: ``taken`` falls short of
     ``wanted``, awa-pg's UniqueConflict)."""
-    t = _targets()
-    old = or_(*(and_(t.c.state == state(s), claims_in(t.c.unique_states, s)) for s in RETRIABLE))
+    return claims_moved(_targets(), RETRIABLE)
+
+
+def claims_moved(t: CTE, states: tuple[str, ...]) -> Select[Any]:
+    """The claims of the jobs of *t* (in one of *states*) as they become available again."""
+    old = or_(*(and_(t.c.state == state(s), claims_in(t.c.unique_states, s)) for s in states))
     new = claims_in(t.c.unique_states, "available")
     claims = job_unique_claims
     released = (
@@ -226,8 +221,10 @@ def retry_claims() -> Select[Any]:
     )
 
 
-def close_removed_receipts(removed: Any) -> CTE:
-    """Close the removed attempts' ``lease_claims`` receipts as ``terminal_removed``."""
+def close_removed_receipts(removed: Any, outcome: str = "terminal_removed") -> CTE:
+    """Close the removed attempts' ``lease_claims`` receipts as *outcome*: a terminal row
+    removed (``terminal_removed``), or a lease deleted (``rescue``, as awa-pg closes the
+    receipt of every lease it deletes)."""
     claims, closures = qs.lease_claims, qs.lease_claim_closures
     c = claims.c
     closed = (
@@ -238,7 +235,7 @@ def close_removed_receipts(removed: Any) -> CTE:
                 c.claim_slot,
                 c.job_id,
                 c.run_lease,
-                literal_column("'terminal_removed'", Text),
+                literal_column(f"'{outcome}'", Text),
                 func.clock_timestamp(),
             ).where(c.job_id == removed.c.job_id, c.run_lease == removed.c.run_lease),
         )
@@ -295,6 +292,17 @@ def retry_done() -> Select[Any]:
     )
     proj = with_ready_columns(removed).cte("gone")
     effects = [close_removed_receipts(removed), removed_deltas(removed, summed=False)]
+    enqueued, enqueuing, told = enqueued_again(proj)
+    answer = select(*enqueued.c, told.label("told")).order_by(enqueued.c.job_id)
+    return answer.add_cte(*effects, *enqueuing)
+
+
+def enqueued_again(proj: CTE) -> tuple[CTE, list[CTE], Any]:
+    """Each job of *proj* enqueued again on shard 0 of its lane at the ring cursor
+    (``b_ready_slot``, ...), ``attempt = 0`` and ``run_at`` now, under its own id and run
+    lease, the lane numbers given in id order: the new ready rows, the CTEs that write their
+    segments, and the count of queues told (their NOTIFYs)."""
+    effects: list[CTE] = []
     lanes = select(proj.c.queue, proj.c.priority, func.count().label("n")).group_by(
         proj.c.queue, proj.c.priority
     )
@@ -363,5 +371,4 @@ def retry_done() -> Select[Any]:
     channel = literal_column("'awa:'", Text) + queues.c.queue
     notified = select(func.pg_notify(channel, literal_column("''"))).select_from(queues)
     told = select(func.count()).select_from(notified.subquery("notified")).scalar_subquery()
-    answer = select(*enqueued.c, told.label("told")).order_by(enqueued.c.job_id)
-    return answer.add_cte(*effects)
+    return enqueued, effects, told

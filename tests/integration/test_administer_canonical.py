@@ -4,7 +4,9 @@ Twin clusters, each a clone of the ``awa migrate`` template, get the same jobs i
 order. On each a real awa-pg worker makes the states a verb starts from: a failed job (its
 handler raises ``TerminalError``), a cancelled one (it returns ``awa.Cancel``), a retryable one
 (it raises with attempts left), a running one (its handler holds the attempt until told it is
-cancelled); available and scheduled jobs sit on a queue no worker serves. A side session holds
+cancelled), another running with a callback registered (held the same way), two parked in
+``waiting_external`` (their handler registers a callback and returns ``WaitForCallback``);
+available and scheduled jobs sit on a queue no worker serves. A side session holds
 Awa's maintenance-leader lock throughout, so no promotion, rescue or mark recompute runs.
 
 Then each verb runs on both: awa-pg's ``AsyncClient`` method on one cluster, awa-sa's call on
@@ -12,8 +14,8 @@ the other inside a caller's transaction that also commits a business row. Compar
 the rows of ``awa.jobs_hot`` and ``awa.scheduled_jobs`` that changed, each cell named as kept
 (the value before the step), ``now`` (the step's transaction time, which the dirty marks carry)
 or its value; the unique claims that changed; the dirty marks appended; and every NOTIFY the
-step sent, channel and payload. The running attempt is cancelled while the worker is live on
-both: its handler is told (``job.is_cancelled()``), returns, and the runtime's completion of
+step sent, channel and payload. The running attempts are cancelled while the worker is live on
+both: each handler is told (``job.is_cancelled()``), returns, and the runtime's completion of
 that attempt changes nothing. One cluster pair and one worker run per cluster serve every step.
 """
 
@@ -89,6 +91,16 @@ class Holds:
     n: int
 
 
+@dataclass
+class Waits:
+    n: int
+
+
+@dataclass
+class Calls:
+    n: int
+
+
 class Worker:
     """A real awa-pg worker: each handler answers as its kind says; ``holds`` keeps its attempt
     until the runtime tells it the job was cancelled, then returns (a completion)."""
@@ -97,11 +109,15 @@ class Worker:
         self.client = awa.AsyncClient(url)
         self.holding = asyncio.Event()
         self.told = asyncio.Event()
+        self.calling = asyncio.Event()
+        self.told_calling = asyncio.Event()
         self.runs: Counter[str] = Counter()
         self.client.task(Fails, kind="fails", queue=WORK)(self.fails)
         self.client.task(Cancels, kind="cancels", queue=WORK)(self.cancels)
         self.client.task(Retries, kind="retries", queue=WORK)(self.retries)
         self.client.task(Holds, kind="holds", queue=WORK)(self.holds)
+        self.client.task(Waits, kind="waits", queue=WORK)(self.waits)
+        self.client.task(Calls, kind="calls", queue=WORK)(self.calls)
         self.client.task(Fails, kind="bulk", queue=WORK)(self.fails)
         self.client.task(Fails, kind="junk", queue=WORK)(self.fails)
         self.client.task(Fails, kind="fails", queue=OTHER)(self.fails)
@@ -125,6 +141,19 @@ class Worker:
             await asyncio.sleep(0.01)
         self.told.set()
 
+    async def calls(self, job: Any) -> Any:
+        self.runs["calls"] += 1
+        await job.register_callback(timeout_seconds=3600)
+        self.calling.set()
+        while not job.is_cancelled():  # the handler's own pace, as a real one polls
+            await asyncio.sleep(0.01)
+        self.told_calling.set()
+
+    async def waits(self, job: Any) -> Any:
+        self.runs["waits"] += 1
+        token = await job.register_callback(timeout_seconds=3600)
+        return awa.WaitForCallback(token)
+
 
 JOBS: list[tuple[Any, dict[str, Any]]] = [
     ({"n": 1}, {"kind": "idle", "queue": IDLE}),
@@ -138,14 +167,23 @@ JOBS: list[tuple[Any, dict[str, Any]]] = [
     (Fails(9), {"kind": "junk", "queue": WORK}),
     (Fails(10), {"kind": "junk", "queue": WORK}),
     (Fails(11), {"queue": OTHER}),
+    (Waits(12), {"queue": WORK, "unique_opts": {"by_args": True}}),
+    (Waits(13), {"queue": WORK, "unique_opts": {"by_args": True}, "tags": ["w"]}),
+    (Calls(14), {"queue": WORK}),
 ]
-"""Ids 1 to 11 on both clusters, each the starting state of one step."""
+"""Ids 1 to 14 on both clusters, each the starting state of one step."""
 AVAILABLE, SCHEDULED, FAILED, CANCELLED, RETRYABLE, RUNNING = range(1, 7)
 BULK = (7, 8)
 JUNK = (9, 10)
 ELSEWHERE = 11
+WAITING = (12, 13)
+"""Parked by their handler on a callback it registered: ``waiting_external``."""
+CALLING = 14
+"""Running, its handler holding it with a callback registered until told it is cancelled."""
 SETTLED = {FAILED: "failed", CANCELLED: "cancelled", RETRYABLE: "retryable", RUNNING: "running"}
 SETTLED |= dict.fromkeys((*BULK, *JUNK, ELSEWHERE), "failed")
+SETTLED |= dict.fromkeys(WAITING, "waiting_external")
+SETTLED[CALLING] = "running"
 
 
 def states(engine: sa.Engine) -> dict[int, str]:
@@ -267,6 +305,7 @@ async def _start(side: Side) -> None:
         [(WORK, 8), (OTHER, 2)], promote_interval_ms=600_000, heartbeat_interval_ms=600_000
     )
     await asyncio.wait_for(worker.holding.wait(), 60)
+    await asyncio.wait_for(worker.calling.wait(), 60)
     await until(
         side.engine,
         lambda found: all(found.get(i) == s for i, s in SETTLED.items()),
@@ -322,12 +361,14 @@ def twin_step(
     on_sa: Callable[[sa.Connection], Any],
     *,
     bulk: bool = False,
+    notes: list[tuple[str, str]] | None = None,
 ) -> tuple[Any, Any]:
     """Run a verb on both clusters; assert the two did the same; both results.
 
     A *bulk* verb's dirty marks are compared as the set of queues and kinds marked: through
     the view awa-pg writes each row in statements of its own, two marks per row; awa-sa's
-    one statement writes two per queue and kind (docs/administer.md).
+    one statement writes two per queue and kind (docs/administer.md). The NOTIFYs both sent
+    are appended to *notes* when given.
     """
     pg_side, sa_side = sides
     for side in sides:
@@ -343,7 +384,10 @@ def twin_step(
         for made in (pg_change, sa_change):
             made["marks"] = set(made["marks"])
     assert sa_change == pg_change
-    assert sa_side.notices() == pg_side.notices()
+    heard = sa_side.notices()
+    assert heard == pg_side.notices()
+    if notes is not None:
+        notes += heard
     return got_pg, got_sa
 
 
@@ -354,12 +398,13 @@ def business(engine: sa.Engine) -> int:
 
 @pytest.fixture(scope="module")
 def live(sides: tuple[Side, Side]) -> dict[str, Any]:
-    """Both clusters' jobs in their states, and the running attempt cancelled beside its live
-    worker: by awa-pg's Client on one, by awa-sa in a caller's transaction on the other."""
+    """Both clusters' jobs in their states, and the running attempts (one with a callback
+    registered) cancelled beside their live worker: by awa-pg's Client on one, by awa-sa in a
+    caller's transaction on the other."""
     pg_side, sa_side = sides
     found: dict[str, Any] = {}
 
-    async def run(side: Side, cancel: Callable[[], Any]) -> None:
+    async def run(side: Side, cancel: Callable[[int], Any]) -> None:
         leader = await asyncio.to_thread(hold_leadership, side.engine)
         try:
             await _start(side)
@@ -367,12 +412,20 @@ def live(sides: tuple[Side, Side]) -> dict[str, Any]:
             side.notices()
             await asyncio.to_thread(clear_marks, side.engine)
             before = await asyncio.to_thread(snapshot, side.engine)
-            found[f"{side is sa_side}:job"] = await cancel()
+            found[f"{side is sa_side}:job"] = await cancel(RUNNING)
             await asyncio.wait_for(side.worker.told.wait(), 30)
             found[f"{side is sa_side}:notices"] = await asyncio.to_thread(side.notices)
-            await side.worker.client.shutdown()  # the handler returned: its completion lands
             after = await asyncio.to_thread(snapshot, side.engine)
             found[f"{side is sa_side}:change"] = change(before, after)
+            # The attempt with a callback, in a window of its own (one transaction's marks).
+            await asyncio.to_thread(clear_marks, side.engine)
+            before = await asyncio.to_thread(snapshot, side.engine)
+            found[f"{side is sa_side}:calling"] = await cancel(CALLING)
+            await asyncio.wait_for(side.worker.told_calling.wait(), 30)
+            found[f"{side is sa_side}:calling_notices"] = await asyncio.to_thread(side.notices)
+            await side.worker.client.shutdown()  # the handlers returned: completions land
+            after = await asyncio.to_thread(snapshot, side.engine)
+            found[f"{side is sa_side}:calling_change"] = change(before, after)
             found[f"{side is sa_side}:runs"] = side.worker.runs
         finally:
             if side.worker is not None:
@@ -382,11 +435,13 @@ def live(sides: tuple[Side, Side]) -> dict[str, Any]:
     for side in sides:
         with side.engine.begin() as conn:
             conn.execute(sa.text("CREATE TABLE business (note text)"))
-    asyncio.run(run(pg_side, lambda: pg_call_async(pg_side.worker, RUNNING)))
+    asyncio.run(run(pg_side, lambda job_id: pg_call_async(pg_side.worker, job_id)))
     asyncio.run(
         run(
             sa_side,
-            lambda: asyncio.to_thread(sa_call, sa_side, lambda c: awa_sa.cancel_job(c, RUNNING)),
+            lambda job_id: asyncio.to_thread(
+                sa_call, sa_side, lambda c: awa_sa.cancel_job(c, job_id)
+            ),
         )
     )
     return found
@@ -400,17 +455,24 @@ async def pg_call_async(worker: Worker | None, job_id: int) -> Any:
 def test_a_running_attempt_cancelled_beside_its_worker_stops_and_ends_once(
     live: dict[str, Any],
 ) -> None:
-    assert job_of_sa(live["True:job"]) == job_of_pg(live["False:job"])
-    assert live["True:job"].state == "cancelled"
-    assert (
-        live["True:notices"]
-        == live["False:notices"]
-        == [("awa:cancel", f'{{"job_id":{RUNNING},"run_lease":1}}')]
-    )
-    assert live["True:change"] == live["False:change"]
-    assert live["True:change"]["jobs"][RUNNING]["state"] == "cancelled"
+    for key in ("job", "calling"):
+        assert job_of_sa(live[f"True:{key}"]) == job_of_pg(live[f"False:{key}"])
+        assert live[f"True:{key}"].state == "cancelled"
+    assert live["True:calling"].callback_id is None
+    for key, job_id in (("", RUNNING), ("calling_", CALLING)):
+        assert (
+            live[f"True:{key}notices"]
+            == live[f"False:{key}notices"]
+            == [("awa:cancel", f'{{"job_id":{job_id},"run_lease":1}}')]
+        )
+        assert live[f"True:{key}change"] == live[f"False:{key}change"]
+        # The cancelled job alone changed: the completions after it changed nothing.
+        assert list(live[f"True:{key}change"]["jobs"]) == [job_id]
+        assert live[f"True:{key}change"]["jobs"][job_id]["state"] == "cancelled"
+    assert live["True:calling_change"]["jobs"][CALLING]["callback_id"] is None
     # Each handler ran once, was told, and its completion changed nothing.
-    assert live["True:runs"]["holds"] == live["False:runs"]["holds"] == 1
+    for kind in ("holds", "calls"):
+        assert live["True:runs"][kind] == live["False:runs"][kind] == 1
 
 
 def test_a_rollback_leaves_every_job_as_it_was(
@@ -459,6 +521,44 @@ def test_retry_writes_what_awa_pg_writes(
     assert got_sa.state == "available"
     again = twin_step(sides, lambda c: c.retry(job_id), lambda conn: awa_sa.retry_job(conn, job_id))
     assert again == (None, None)
+
+
+def test_a_callback_wait_is_cancelled_and_retried_as_awa_pg_does(
+    live: dict[str, Any], sides: tuple[Side, Side]
+) -> None:
+    """Parked in ``waiting_external`` by a real handler (``register_callback``, then
+    ``WaitForCallback``): the cancel tells the runtime as a running one's does, the retry takes
+    the unique claim the wait had given up, and both clear the callback columns."""
+    cancelled, retried = WAITING
+    parked = snapshot(sides[1].engine)
+    for job_id in WAITING:
+        assert parked["jobs"][job_id]["callback_id"] is not None, job_id
+    assert not {job for _, job in parked["claims"]} & set(WAITING)
+    notes: list[tuple[str, str]] = []
+    got_pg, got_sa = twin_step(
+        sides,
+        lambda c: c.cancel(cancelled),
+        lambda conn: awa_sa.cancel_job(conn, cancelled),
+        notes=notes,
+    )
+    assert job_of_sa(got_sa) == job_of_pg(got_pg)
+    assert (got_sa.state, got_sa.callback_id, got_sa.callback_timeout_at) == (
+        "cancelled",
+        None,
+        None,
+    )
+    assert notes == [("awa:cancel", f'{{"job_id":{cancelled},"run_lease":1}}')]
+    notes.clear()
+    got_pg, got_sa = twin_step(
+        sides,
+        lambda c: c.retry(retried),
+        lambda conn: awa_sa.retry_job(conn, retried),
+        notes=notes,
+    )
+    assert job_of_sa(got_sa) == job_of_pg(got_pg)
+    assert (got_sa.state, got_sa.attempt, got_sa.callback_id) == ("available", 0, None)
+    assert [channel for channel, _ in notes] == [f"awa:{WORK}"]
+    assert retried in {job for _, job in snapshot(sides[1].engine)["claims"]}
 
 
 def test_nothing_matched_is_none_where_awa_pg_says_not_found(

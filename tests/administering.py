@@ -1,0 +1,170 @@
+"""What the twin-cluster comparisons of the administering verbs share (issue 37).
+
+A twin comparison runs awa-pg 0.6.9's own ``Client`` method on one cluster and awa-sa's call on
+the other, in a caller's transaction that also commits a business row, then compares what
+changed: every row of every table of the schemas named (partitions through their parents; the
+runtimes' own liveness and claimer bookkeeping left out) and every sequence, with only the
+clocks masked, and every NOTIFY sent on the channels named.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import awa
+import psycopg
+import sqlalchemy as sa
+from runtimes import pg_url
+
+import awa_sa
+
+CLOCK = re.compile(
+    r'"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)?\+00"'  # a timestamptz column
+    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?\+00:00"  # an error entry's worker clock
+)
+UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+"""A callback id: random on each twin, so masked like a clock."""
+MARKER = "awa_sa_test_step"
+BOOKKEEPING = (
+    "queue_descriptors",
+    "job_kind_descriptors",
+    "queue_claimer_leases",
+    "queue_claimer_state",
+)
+
+
+def _tables(conn: sa.Connection, schemas: Sequence[str]) -> list[str]:
+    return list(
+        conn.execute(
+            sa.text(
+                "SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n"
+                " ON n.oid = c.relnamespace WHERE n.nspname = ANY(:schemas)"
+                " AND c.relkind IN ('r', 'p') AND NOT c.relispartition"
+                " AND c.relname NOT LIKE 'runtime_%' AND c.relname <> ALL(:kept) ORDER BY 1"
+            ),
+            {"schemas": list(schemas), "kept": list(BOOKKEEPING)},
+        ).scalars()
+    )
+
+
+def masked(text: str) -> str:
+    return UUID.sub("UUID", CLOCK.sub("CLOCK", text))
+
+
+def snapshot(engine: sa.Engine, schemas: Sequence[str] = ("awa",)) -> dict[str, list[str]]:
+    """Every row of every table of *schemas* and every sequence, as text, clocks masked."""
+    with engine.connect() as conn:
+        out = {
+            table: sorted(
+                masked(text)
+                for text in conn.execute(sa.text(f"SELECT t::text FROM {table} t")).scalars()
+            )
+            for table in _tables(conn, schemas)
+        }
+        out["sequences"] = [
+            str(tuple(row))
+            for row in conn.execute(
+                sa.text(
+                    "SELECT schemaname || '.' || sequencename, last_value FROM pg_sequences"
+                    " WHERE schemaname = ANY(:schemas) ORDER BY 1"
+                ),
+                {"schemas": list(schemas)},
+            )
+        ]
+    return out
+
+
+def change(before: dict[str, list[str]], after: dict[str, list[str]]) -> dict[str, Any]:
+    """Per table that changed: the rows gone and the rows come."""
+    return {
+        table: (sorted(set(before[table]) - set(rows)), sorted(set(rows) - set(before[table])))
+        for table, rows in after.items()
+        if rows != before.get(table)
+    }
+
+
+def pg_call(url: str, call: Callable[[awa.AsyncClient], Any]) -> Any:
+    """*call* on a new awa-pg client of its own."""
+
+    async def run() -> Any:
+        client = awa.AsyncClient(pg_url(url))
+        try:
+            return await call(client)
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
+def heard(
+    url: str, channels: Sequence[str], act: Callable[[], Any]
+) -> tuple[Any, list[tuple[str, str]]]:
+    """*act*'s result and the NOTIFYs it sent on *channels*, in order."""
+    listener = psycopg.connect(pg_url(url), autocommit=True)
+    try:
+        for channel in (*channels, MARKER):
+            listener.execute(f'LISTEN "{channel}"')
+        got = act()
+        listener.execute(f"NOTIFY {MARKER}")
+        notes: list[tuple[str, str]] = []
+        for note in listener.notifies(timeout=30):
+            if note.channel == MARKER:
+                return got, notes
+            notes.append((note.channel, note.payload))
+        raise AssertionError("the marker NOTIFY never arrived")
+    finally:
+        listener.close()
+
+
+def business(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(sa.text("SELECT count(*) FROM public.business")).scalar_one())
+
+
+def sa_call(engine: sa.Engine, call: Callable[[sa.Connection], Any]) -> Any:
+    """*call* in a caller's transaction that also commits a business row."""
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO public.business VALUES ('administered')"))
+        return call(conn)
+
+
+def twins(
+    urls: tuple[str, str],
+    engines: tuple[sa.Engine, sa.Engine],
+    on_pg: Callable[[awa.AsyncClient], Any],
+    on_sa: Callable[[sa.Connection], Any],
+    *,
+    schemas: Sequence[str],
+    channels: Sequence[str],
+) -> tuple[Any, Any, dict[str, Any], list[tuple[str, str]]]:
+    """awa-pg's call on the first twin, awa-sa's on the second: the same rows changed and
+    the same NOTIFYs sent, the business row committed. Both results, the change, the NOTIFYs."""
+    before = snapshot(engines[0], schemas), snapshot(engines[1], schemas)
+    paid = business(engines[1])
+    got_pg, pg_heard = heard(urls[0], channels, lambda: pg_call(urls[0], on_pg))
+    got_sa, sa_heard = heard(urls[1], channels, lambda: sa_call(engines[1], on_sa))
+    changed = change(before[1], snapshot(engines[1], schemas))
+    assert changed == change(before[0], snapshot(engines[0], schemas))
+    assert sa_heard == pg_heard
+    assert business(engines[1]) == paid + 1
+    return got_pg, got_sa, changed, sa_heard
+
+
+def same_job(got_sa: awa_sa.JobRow, got_pg: Any) -> None:
+    """awa-sa's row after the change says what awa-pg's ``Job`` says."""
+    assert (got_sa.id, got_sa.kind, got_sa.queue, got_sa.attempt, got_sa.args) == (
+        got_pg.id,
+        got_pg.kind,
+        got_pg.queue,
+        got_pg.attempt,
+        got_pg.args,
+    )
+    assert (got_sa.tags, got_sa.metadata, got_sa.priority) == (
+        got_pg.tags,
+        got_pg.metadata,
+        got_pg.priority,
+    )
+    assert got_sa.state == str(got_pg.state).rsplit(".", 1)[-1].lower()

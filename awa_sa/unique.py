@@ -5,9 +5,13 @@ serialisation with BLAKE3 (docs/enqueue.md#unique-key). A key is only useful if 
 byte-identical to awa-pg's for the same job, so the text is produced here the way serde_json
 writes it, not the way ``json.dumps`` does: object keys in byte order, no spaces, non-ASCII
 as UTF-8, only ``"``, ``\\`` and control characters escaped, and floats in serde_json's
-shortest form (``1e16``, ``0.00001``, ``1e-7``, where Python writes ``1e+16``, ``1e-05``,
-``1e-07``). The same text is what the job's ``args`` column is built from, so the stored row
-and the key agree as they do for awa-pg.
+shortest form (``0.00001``, ``1e-7``, where Python writes ``1e-05``, ``1e-07``). The same
+text is what the job's ``args`` column is built from, so the stored row and the key agree as
+they do for awa-pg.
+
+Most values take a shorter road: the stdlib's C encoder writes them, and its text is kept only
+where nothing in it could differ from this module's own (:func:`encoded`); everything else
+goes through the writer below, which alone decides what is refused.
 
 Python values convert as awa-pg converts them: ``bool``; anything with ``__index__`` as an
 integer, which outside the signed 64-bit range becomes a float (as awa-pg does; the stored
@@ -19,7 +23,9 @@ refuses the value before any statement (:class:`~awa_sa.errors.ValidationError`)
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,11 +50,51 @@ _ESCAPES = {
 }
 
 
+_C_ENCODE = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, separators=(",", ":"), sort_keys=True
+).encode
+_UNSURE = re.compile(r'\d{19}|\de[-+]|\\u0000|[{,]"(?:-?\d|(?:true|false|null)":)')
+"""What in the C encoder's text could differ from serde_json's: a number of 19 digits or more
+(an integer maybe beyond 64 bits, which awa-pg writes as a float), a float in exponent form
+(Python writes ``1e-05``, serde_json ``0.00001``), an escaped NUL (refused), and an object key
+that looks like a number, ``true``, ``false`` or ``null`` (maybe a non-str key the encoder
+turned into a string, where this module refuses it). Matches inside strings only send the
+value the long way."""
+
+
 def to_json(value: object, where: str = "args") -> str:
     """*value* as serde_json would write awa-pg's conversion of it, or why it cannot be."""
+    text = encoded(value)
+    return written(value, where) if text is None else text
+
+
+def written(value: object, where: str = "args") -> str:
+    """*value* through this module's own writer: serde_json's text, or why there is none."""
     out: list[str] = []
     _write(value, out, 0, where)
     return "".join(out)
+
+
+def encoded(value: object) -> str | None:
+    """The C encoder's text of *value* when it is exactly :func:`written`'s, else None.
+
+    With keys sorted (code point order is UTF-8 byte order) and no spaces, the encoder and the
+    writer agree on every string, integer and positional float; what remains is declined:
+    a type the encoder refuses or converts its own way, NaN and infinities, more containers
+    than the nesting limit allows, lone surrogates and whatever :data:`_UNSURE` finds.
+    """
+    try:
+        text = _C_ENCODE(value)
+    except (TypeError, ValueError, RecursionError):
+        return None
+    if text.count("[") + text.count("{") > MAX_DEPTH or _UNSURE.search(text):
+        return None
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return None
+    return text
 
 
 def _write(value: object, out: list[str], depth: int, where: str) -> None:

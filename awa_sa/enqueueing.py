@@ -193,17 +193,17 @@ def _insert(
 ) -> list[EnqueuedJob | Duplicate]:
     values = [job.values for job in jobs]
     if all(job.unique_key is None for job in jobs):
-        return [enqueued(row) for row in run(conn, INSERT_JOBS, values)]
+        return [*enqueued(jobs, run(conn, INSERT_JOBS, values))]
     if not guard:
         try:
-            return [enqueued(row) for row in run(conn, INSERT_JOBS, values)]
+            return [*enqueued(jobs, run(conn, INSERT_JOBS, values))]
         except Exception as exc:
             if isinstance(translated_error(exc), UniqueConflict):
                 raise _Conflict from exc
             raise
     try:
         with conn.begin_nested():
-            return [enqueued(row) for row in run(conn, INSERT_JOBS, values)]
+            return [*enqueued(jobs, run(conn, INSERT_JOBS, values))]
     except Exception as exc:
         if not isinstance(translated_error(exc), UniqueConflict):
             raise
@@ -239,12 +239,12 @@ def _one_by_one(
 def _alone(conn: Connection, job: Prepared) -> EnqueuedJob | None:
     """*job* inserted, or None when its unique key is taken (its savepoint rolled back)."""
     if job.unique_key is None:
-        (row,) = run(conn, INSERT_JOBS, [job.values])
-        return enqueued(row)
+        (row,) = enqueued([job], run(conn, INSERT_JOBS, [job.values]))
+        return row
     try:
         with conn.begin_nested():
-            (row,) = run(conn, INSERT_JOBS, [job.values])
-            return enqueued(row)
+            (row,) = enqueued([job], run(conn, INSERT_JOBS, [job.values]))
+            return row
     except Exception as exc:
         if not isinstance(translated_error(exc), UniqueConflict):
             raise

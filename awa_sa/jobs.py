@@ -14,10 +14,10 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from awa_sa.errors import ValidationError
-from awa_sa.statements.enqueue import InsertedRow, JobValues
+from awa_sa.statements.enqueue import JobValues, tags_literal
 from awa_sa.unique import Unique, states_bits, to_json, unique_key, unique_of
 
 MAX_NAME = 200
@@ -116,59 +116,64 @@ def _lower(char: str) -> bool:
     return char.islower()
 
 
-@dataclass(frozen=True, slots=True)
-class Prepared:
-    """A checked job: its statement values, and its key (None when not unique)."""
+class Prepared(NamedTuple):
+    """A checked job: its statement values, its key (None when not unique) and its tags."""
 
     values: JobValues
     unique_key: bytes | None
+    tags: list[str]
 
 
 def prepare(job: object) -> Prepared:
     """*job* checked and encoded, or a :class:`ValidationError` saying what is wrong."""
     if not isinstance(job, NewJob):
         raise ValidationError(f"a job must be an awa_sa.NewJob, got {type(job).__name__}")
-    payload, derived = _args(job.args)
-    kind = derived if job.kind is None else job.kind
+    payload, class_name = _args(job.args)
+    kind = derive_kind(class_name) if job.kind is None else job.kind
+    queue = job.queue
     _name("kind", kind)
-    _name("queue", job.queue)
+    _name("queue", queue)
     _int_in("priority", job.priority, PRIORITIES)
     _int_in("max_attempts", job.max_attempts, MAX_ATTEMPTS)
     tags = _tags(job.tags)
-    metadata = {} if job.metadata is None else job.metadata
-    if not isinstance(metadata, dict):
+    metadata = job.metadata
+    if metadata is None:
+        metadata_json = "{}"
+    elif isinstance(metadata, dict):
+        metadata_json = to_json(metadata, "metadata")
+    else:
         raise ValidationError(f"metadata must be a dict, got {type(metadata).__name__}")
     args_json = to_json(payload)
     unique = unique_of(job.unique_opts)
-    key = None if unique is None else unique_key(kind, job.queue, args_json, unique)
+    key = None if unique is None else unique_key(kind, queue, args_json, unique)
     run_at = _run_at(job.run_at)
     values = JobValues(
-        kind=kind,
-        queue=job.queue,
-        args=args_json,
-        state="available" if run_at is None else "scheduled",
-        priority=job.priority,
-        max_attempts=job.max_attempts,
-        run_at=run_at,
-        metadata=to_json(metadata, "metadata"),
-        tags=json.dumps(tags, ensure_ascii=False),
-        unique_key=None if key is None else key.hex(),
-        unique_states=None if unique is None else states_bits(unique),
-        ordering_key=_ordering_key(job.ordering_key),
+        kind,
+        queue,
+        args_json,
+        "available" if run_at is None else "scheduled",
+        job.priority,
+        job.max_attempts,
+        run_at,
+        metadata_json,
+        tags_literal(tags),
+        None if key is None else key.hex(),
+        None if unique is None else states_bits(unique),
+        _ordering_key(job.ordering_key),
     )
-    return Prepared(values, key)
+    return Prepared(values, key, tags)
 
 
 def _args(args: object) -> tuple[object, str]:
-    """The JSON-able payload of *args* and the kind its class gives, as awa-pg reads them."""
-    kind = derive_kind(type(args).__name__)
+    """The JSON-able payload of *args* and its class name, as awa-pg reads them."""
+    name = type(args).__name__
     dump = getattr(args, "model_dump", None)
     if callable(dump):  # a pydantic model: its JSON mode, as awa-pg asks for
-        return dump(mode="json"), kind
+        return dump(mode="json"), name
     if dataclasses.is_dataclass(args) and not isinstance(args, type):
-        return dataclasses.asdict(args), kind
+        return dataclasses.asdict(args), name
     if isinstance(args, dict):
-        return args, kind
+        return args, name
     raise ValidationError(
         f"args must be a dataclass, a pydantic model or a dict, got {type(args).__name__}"
     )
@@ -235,20 +240,32 @@ def _ordering_key(key: object) -> str | None:
     raise ValidationError(f"ordering_key must be bytes or str, got {type(key).__name__}")
 
 
-def enqueued(row: InsertedRow) -> EnqueuedJob:
-    """The typed row of a new job, its JSON read back."""
-    return EnqueuedJob(
-        id=row.id,
-        kind=row.kind,
-        queue=row.queue,
-        state=row.state,
-        priority=row.priority,
-        attempt=row.attempt,
-        max_attempts=row.max_attempts,
-        run_at=row.run_at,
-        created_at=row.created_at,
-        args=json.loads(row.args),
-        metadata=json.loads(row.metadata),
-        tags=json.loads(row.tags),
-        unique_key=None if row.unique_key is None else bytes.fromhex(row.unique_key),
-    )
+def enqueued(jobs: Sequence[Prepared], rows: Sequence[Any]) -> list[EnqueuedJob]:
+    """The typed rows of new jobs: what was sent, and what the function answered for each.
+
+    The JSON texts are read in one call for the whole batch (a JSON array of them), which
+    spares a call per job.
+    """
+    args = json.loads("[" + ",".join([row[3] for row in rows]) + "]")
+    out = []
+    for job, row, payload in zip(jobs, rows, args, strict=True):
+        values = job.values
+        metadata = row[4]
+        out.append(
+            EnqueuedJob(
+                id=row[0],
+                kind=values.kind,
+                queue=values.queue,
+                state=values.state,
+                priority=values.priority,
+                attempt=0,
+                max_attempts=values.max_attempts,
+                run_at=row[1],
+                created_at=row[2],
+                args=payload,
+                metadata={} if metadata == "{}" else json.loads(metadata),
+                tags=job.tags,
+                unique_key=job.unique_key,
+            )
+        )
+    return out

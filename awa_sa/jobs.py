@@ -14,6 +14,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from datetime import datetime
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 from awa_sa.errors import ValidationError
@@ -85,6 +86,7 @@ class Duplicate:
     existing_id: int | None
 
 
+@lru_cache(maxsize=1024)
 def derive_kind(class_name: str) -> str:
     """awa-pg's kind for a class name: CamelCase to snake_case, acronyms kept whole.
 
@@ -125,7 +127,11 @@ class Prepared(NamedTuple):
 
 
 def prepare(job: object) -> Prepared:
-    """*job* checked and encoded, or a :class:`ValidationError` saying what is wrong."""
+    """*job* checked and encoded, or a :class:`ValidationError` saying what is wrong.
+
+    Every check is cheap on the common values (an ASCII name, an ``int``, no tags, no
+    metadata), since a batch makes each of them once per job.
+    """
     if not isinstance(job, NewJob):
         raise ValidationError(f"a job must be an awa_sa.NewJob, got {type(job).__name__}")
     payload, class_name = _args(job.args)
@@ -167,6 +173,8 @@ def prepare(job: object) -> Prepared:
 def _args(args: object) -> tuple[object, str]:
     """The JSON-able payload of *args* and its class name, as awa-pg reads them."""
     name = type(args).__name__
+    if type(args) is dict:
+        return args, name
     dump = getattr(args, "model_dump", None)
     if callable(dump):  # a pydantic model: its JSON mode, as awa-pg asks for
         return dump(mode="json"), name
@@ -192,12 +200,21 @@ def _text(name: str, value: object) -> str:
 
 
 def _name(name: str, value: object) -> None:
+    if (
+        type(value) is str
+        and 0 < len(value) <= MAX_NAME
+        and value.isascii()
+        and "\x00" not in value
+    ):
+        return
     text = _text(name, value)
     if not 0 < len(text) <= MAX_NAME:
         raise ValidationError(f"{name} must be 1 to {MAX_NAME} characters, got {len(text)}")
 
 
 def _int_in(name: str, value: object, allowed: range) -> None:
+    if type(value) is int and value in allowed:
+        return
     if isinstance(value, bool) or not isinstance(value, int) or value not in allowed:
         raise ValidationError(
             f"{name} must be an int from {allowed.start} to {allowed.stop - 1}, got {value!r}"
@@ -205,7 +222,7 @@ def _int_in(name: str, value: object, allowed: range) -> None:
 
 
 def _tags(tags: object) -> list[str]:
-    if tags is None:
+    if tags is None or (type(tags) is list and not tags):
         return []
     if isinstance(tags, str | bytes) or not isinstance(tags, Sequence):
         raise ValidationError(f"tags must be a list of str, got {type(tags).__name__}")

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from datetime import datetime
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import Any
 
 from awa_sa.errors import ValidationError
 from awa_sa.statements.enqueue import JobValues, tags_literal
@@ -118,12 +118,8 @@ def _lower(char: str) -> bool:
     return char.islower()
 
 
-class Prepared(NamedTuple):
-    """A checked job: its statement values, its key (None when not unique) and its tags."""
-
-    values: JobValues
-    unique_key: bytes | None
-    tags: list[str]
+Prepared = JobValues
+"""A checked job: its statement values, its key in hex (None when not unique) and its tags."""
 
 
 def prepare(job: object) -> Prepared:
@@ -153,7 +149,7 @@ def prepare(job: object) -> Prepared:
     unique = unique_of(job.unique_opts)
     key = None if unique is None else unique_key(kind, queue, args_json, unique)
     run_at = _run_at(job.run_at)
-    values = JobValues(
+    return JobValues(
         kind,
         queue,
         args_json,
@@ -166,8 +162,8 @@ def prepare(job: object) -> Prepared:
         None if key is None else key.hex(),
         None if unique is None else states_bits(unique),
         _ordering_key(job.ordering_key),
+        tags,
     )
-    return Prepared(values, key, tags)
 
 
 def _args(args: object) -> tuple[object, str]:
@@ -266,9 +262,10 @@ def enqueued(jobs: Sequence[Prepared], rows: Sequence[Any]) -> list[EnqueuedJob]
     """
     args = json.loads("[" + ",".join([row[3] for row in rows]) + "]")
     out = []
-    for (values, key, tags), (job_id, run_at, created_at, _, metadata), payload in zip(
+    for values, (job_id, run_at, created_at, _, metadata), payload in zip(
         jobs, rows, args, strict=True
     ):
+        key = values.unique_key
         out.append(
             EnqueuedJob(
                 job_id,
@@ -282,8 +279,8 @@ def enqueued(jobs: Sequence[Prepared], rows: Sequence[Any]) -> list[EnqueuedJob]
                 created_at,
                 payload,
                 {} if metadata == "{}" else json.loads(metadata),
-                tags,
-                key,
+                values.tag_list,
+                None if key is None else bytes.fromhex(key),
             )
         )
     return out

@@ -52,6 +52,10 @@ class JobValues(NamedTuple):
     ``args`` and ``metadata`` are JSON text, ``tags`` a ``text[]`` literal, ``unique_key`` and
     ``ordering_key`` hex, ``run_at`` an ISO 8601 text with its offset, ``unique_states`` the
     BIT(8) text. A tuple, so that a batch is written as JSON arrays in this field order.
+
+    ``tag_list`` is not bound (a batch's array carries it, the statement reads no further than
+    ``ordering_key``): the tags as the typed row gives them back, kept in this one object per
+    job rather than in a second one beside it.
     """
 
     kind: str
@@ -66,11 +70,12 @@ class JobValues(NamedTuple):
     unique_key: str | None
     unique_states: str | None
     ordering_key: str | None
+    tag_list: list[str]
 
 
 _FIELDS = tuple(
     (f"b_{name}", name, SmallInteger if name in ("priority", "max_attempts") else Text)
-    for name in JobValues._fields
+    for name in JobValues._fields[:-1]
 )
 _BATCH = "b_jobs"
 
@@ -137,7 +142,7 @@ _ENCODE = json.JSONEncoder(ensure_ascii=False, check_circular=False, separators=
 
 def _binds(jobs: Sequence[JobValues]) -> Mapping[str, Any]:
     if len(jobs) == 1:
-        return dict(zip([bind for bind, _, _ in _FIELDS], jobs[0], strict=True))
+        return dict(zip([bind for bind, _, _ in _FIELDS], jobs[0], strict=False))
     return {_BATCH: _ENCODE(jobs)}
 
 

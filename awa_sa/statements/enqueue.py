@@ -150,6 +150,7 @@ INSERT_JOBS: Query[Sequence[JobValues], Rows] = Query(
     shape=lambda jobs: insert_jobs(batch=len(jobs) > 1),
     binds=_binds,
     read=lambda rows: rows,
+    by_position=True,
 )
 """Each job's row: ``(id, run_at, created_at, args, metadata)``, JSON as text, in input order."""
 

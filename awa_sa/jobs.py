@@ -217,14 +217,14 @@ def _int_in(name: str, value: object, allowed: range) -> None:
         )
 
 
-def _tags(tags: object) -> list[str]:
+def _tags(tags: object) -> tuple[str, ...]:
     if tags is None or (type(tags) is list and not tags):
-        return []
+        return ()
     if isinstance(tags, str | bytes) or not isinstance(tags, Sequence):
         raise ValidationError(f"tags must be a list of str, got {type(tags).__name__}")
     if len(tags) > MAX_TAGS:
         raise ValidationError(f"at most {MAX_TAGS} tags, got {len(tags)}")
-    return [_text(f"tags[{n}]", tag) for n, tag in enumerate(tags)]
+    return tuple([_text(f"tags[{n}]", tag) for n, tag in enumerate(tags)])
 
 
 def _run_at(run_at: object) -> str | None:
@@ -279,7 +279,7 @@ def enqueued(jobs: Sequence[Prepared], rows: Sequence[Any]) -> list[EnqueuedJob]
                 created_at,
                 payload,
                 {} if metadata == "{}" else json.loads(metadata),
-                values.tag_list,
+                list(values.tag_list),
                 None if key is None else bytes.fromhex(key),
             )
         )

@@ -55,7 +55,8 @@ class JobValues(NamedTuple):
 
     ``tag_list`` is not bound (a batch's array carries it, the statement reads no further than
     ``ordering_key``): the tags as the typed row gives them back, kept in this one object per
-    job rather than in a second one beside it.
+    job rather than in a second one beside it, and as a tuple, so that a job's values hold no
+    mutable object and the garbage collector stops tracking them once it has seen them.
     """
 
     kind: str
@@ -70,7 +71,7 @@ class JobValues(NamedTuple):
     unique_key: str | None
     unique_states: str | None
     ordering_key: str | None
-    tag_list: list[str]
+    tag_list: tuple[str, ...]
 
 
 _FIELDS = tuple(

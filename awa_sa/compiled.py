@@ -31,7 +31,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement
 
-from awa_sa.internals import Direct, lean_execute
+from awa_sa.internals import Direct, lean_execute, positional_rows
 from awa_sa.queue_storage import translate_map
 from awa_sa.statements.registry import P, Query, R, Rows
 
@@ -137,6 +137,8 @@ def run(conn: Runner, query: Query[P, R], params: P, schema: str | None = None) 
     """
     text = compiled(query.shape(params), conn.dialect, schema)
     values = text.params(query.binds(params))
+    if query.by_position:
+        positional_rows(text.sql)
     if isinstance(conn, Direct):
         return query.read(conn.send(text.sql, values))
     return query.read(lean_execute(conn, text.sql, values))

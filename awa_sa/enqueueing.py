@@ -191,19 +191,18 @@ def in_transaction(
 def _insert(
     conn: Connection, jobs: Sequence[Prepared], on_duplicate: OnDuplicate, guard: bool
 ) -> list[EnqueuedJob | Duplicate]:
-    values = [job.values for job in jobs]
     if all(job.unique_key is None for job in jobs):
-        return [enqueued(row) for row in run(conn, INSERT_JOBS, values)]
+        return [*enqueued(jobs, run(conn, INSERT_JOBS, jobs))]
     if not guard:
         try:
-            return [enqueued(row) for row in run(conn, INSERT_JOBS, values)]
+            return [*enqueued(jobs, run(conn, INSERT_JOBS, jobs))]
         except Exception as exc:
             if isinstance(translated_error(exc), UniqueConflict):
                 raise _Conflict from exc
             raise
     try:
         with conn.begin_nested():
-            return [enqueued(row) for row in run(conn, INSERT_JOBS, values)]
+            return [*enqueued(jobs, run(conn, INSERT_JOBS, jobs))]
     except Exception as exc:
         if not isinstance(translated_error(exc), UniqueConflict):
             raise
@@ -226,7 +225,7 @@ def _one_by_one(
                 error = _duplicate(conn, job, index)
                 if on_duplicate == "raise":
                     raise error
-                out.append(Duplicate(job.values.kind, error.unique_key, error.existing_id))
+                out.append(Duplicate(job.kind, error.unique_key, error.existing_id))
             else:
                 out.append(found)
     except BaseException:
@@ -239,12 +238,12 @@ def _one_by_one(
 def _alone(conn: Connection, job: Prepared) -> EnqueuedJob | None:
     """*job* inserted, or None when its unique key is taken (its savepoint rolled back)."""
     if job.unique_key is None:
-        (row,) = run(conn, INSERT_JOBS, [job.values])
-        return enqueued(row)
+        (row,) = enqueued([job], run(conn, INSERT_JOBS, [job]))
+        return row
     try:
         with conn.begin_nested():
-            (row,) = run(conn, INSERT_JOBS, [job.values])
-            return enqueued(row)
+            (row,) = enqueued([job], run(conn, INSERT_JOBS, [job]))
+            return row
     except Exception as exc:
         if not isinstance(translated_error(exc), UniqueConflict):
             raise
@@ -255,5 +254,5 @@ def _duplicate(conn: Connection, job: Prepared, index: int | None) -> DuplicateJ
     """The error for *job*'s taken key, naming the job that holds it where one does."""
     key = job.unique_key
     assert key is not None  # only a unique job conflicts
-    holder = run(conn, UNIQUE_HOLDER, key.hex())
-    return DuplicateJob(job.values.kind, key, holder, index)
+    holder = run(conn, UNIQUE_HOLDER, key)
+    return DuplicateJob(job.kind, bytes.fromhex(key), holder, index)

@@ -5,9 +5,13 @@ serialisation with BLAKE3 (docs/enqueue.md#unique-key). A key is only useful if 
 byte-identical to awa-pg's for the same job, so the text is produced here the way serde_json
 writes it, not the way ``json.dumps`` does: object keys in byte order, no spaces, non-ASCII
 as UTF-8, only ``"``, ``\\`` and control characters escaped, and floats in serde_json's
-shortest form (``1e16``, ``0.00001``, ``1e-7``, where Python writes ``1e+16``, ``1e-05``,
-``1e-07``). The same text is what the job's ``args`` column is built from, so the stored row
-and the key agree as they do for awa-pg.
+shortest form (``0.00001``, ``1e-7``, where Python writes ``1e-05``, ``1e-07``). The same
+text is what the job's ``args`` column is built from, so the stored row and the key agree as
+they do for awa-pg.
+
+Most values take a shorter road: the stdlib's C encoder writes them where its text cannot
+differ from this module's own (:func:`encoded`); everything else goes through the writer
+below, which alone decides what is refused.
 
 Python values convert as awa-pg converts them: ``bool``; anything with ``__index__`` as an
 integer, which outside the signed 64-bit range becomes a float (as awa-pg does; the stored
@@ -19,8 +23,9 @@ refuses the value before any statement (:class:`~awa_sa.errors.ValidationError`)
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,11 +49,101 @@ _ESCAPES = {
 }
 
 
+def _c_encoder() -> Callable[[object], str]:
+    """The C encoder with sorted keys and no spaces, made once.
+
+    ``JSONEncoder.encode`` makes a new one from its options on every call, half of what a
+    small object costs; the one it makes is kept here instead, and checked at import against
+    ``encode`` itself (else ``encode`` is what is used).
+    """
+    options = json.JSONEncoder(
+        ensure_ascii=False, allow_nan=False, separators=(",", ":"), sort_keys=True
+    )
+    make: Any = getattr(json.encoder, "c_make_encoder", None)
+    try:
+        chunks = make(None, options.default, json.encoder.encode_basestring, None, ":", ",",
+                      True, False, False)  # fmt: skip
+        probe = {"b": [1, 2.5, None, True], "a": "é\n"}
+        if "".join(chunks(probe, 0)) == options.encode(probe):
+            return lambda value: "".join(chunks(value, 0))
+    except TypeError:  # no C encoder (None), or one made differently
+        pass
+    return options.encode
+
+
+_C_ENCODE = _c_encoder()
+_DIGITS_18 = 10**18
+"""Integers below this in magnitude have at most 18 digits: inside the signed 64-bit range."""
+_POSITIONAL = (1e-4, 1e16)
+"""Where Python writes a float without an exponent; there its text is serde_json's."""
+
+
 def to_json(value: object, where: str = "args") -> str:
     """*value* as serde_json would write awa-pg's conversion of it, or why it cannot be."""
+    text = encoded(value)
+    return written(value, where) if text is None else text
+
+
+def written(value: object, where: str = "args") -> str:
+    """*value* through this module's own writer: serde_json's text, or why there is none."""
     out: list[str] = []
     _write(value, out, 0, where)
     return "".join(out)
+
+
+def encoded(value: object) -> str | None:
+    """The C encoder's text of *value* when it is exactly :func:`written`'s, else None.
+
+    With keys sorted (code point order is UTF-8 byte order) and no spaces, the encoder and the
+    writer agree on strings, on integers of the 64-bit range and on floats Python writes
+    without an exponent. :func:`_plain` admits only those, in plain dicts and lists (exact
+    types: a subclass may convert its own way); the text is then declined if it holds an
+    escaped NUL or a lone surrogate, which the writer refuses.
+    """
+    if not _plain([value], -1):
+        return None
+    text = _C_ENCODE(value)
+    if "\\u0000" in text:
+        return None
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return None
+    return text
+
+
+def _plain(container: list[Any] | dict[str, Any], depth: int) -> bool:
+    """Whether every value inside *container* (at *depth*) is one :func:`encoded` admits.
+
+    One loop per container with the scalar checks inline: a batch makes this walk for every
+    job, and a call per value would cost what the C encoder saves.
+    """
+    if depth >= MAX_DEPTH:
+        return False
+    if type(container) is dict:
+        for key in container:
+            if type(key) is not str:
+                return False
+        items: Any = container.values()
+    else:
+        items = container
+    for item in items:
+        kind = type(item)
+        if kind is str or kind is bool or item is None:
+            continue
+        if kind is int:
+            if -_DIGITS_18 < item < _DIGITS_18:
+                continue
+            return False
+        if kind is float:
+            if _POSITIONAL[0] <= abs(item) < _POSITIONAL[1] or item == 0.0:
+                continue
+            return False
+        if (kind is dict or kind is list) and _plain(item, depth + 1):
+            continue
+        return False
+    return True
 
 
 def _write(value: object, out: list[str], depth: int, where: str) -> None:

@@ -24,7 +24,7 @@ from awa_sa.internals.connecting import (
 )
 from awa_sa.internals.direct import Direct, checkin_idle, checkout, direct_allowed
 from awa_sa.internals.greenlet import run_in_greenlet
-from awa_sa.internals.lean import fetched, lean_execute
+from awa_sa.internals.lean import fetched, lean_execute, positional_rows
 from awa_sa.internals.lookup import PrivatePathUnavailable
 from awa_sa.internals.schema import SchemaTranslatedFunction
 
@@ -44,6 +44,7 @@ __all__ = [
     "in_autocommit",
     "lean_execute",
     "lookup",
+    "positional_rows",
     "run_in_greenlet",
     "while_connecting",
 ]

@@ -29,7 +29,7 @@ from sqlalchemy.engine.interfaces import DBAPICursor
 
 from awa_sa.internals import lookup
 
-__all__ = ["fetched", "lean_execute", "learned_row", "row_type"]
+__all__ = ["fetched", "lean_execute", "learned_row", "positional_rows", "row_type"]
 
 
 def _lean_result(self: DefaultExecutionContext) -> list[Any]:
@@ -70,6 +70,20 @@ def learned_row(statement: str, names: list[str] | None) -> Any:
     row = None if names is None else namedtuple("Row", names, rename=True)
     _row_types[statement] = row
     return row
+
+
+class PlainRow:
+    """The row class of a statement whose reader takes its rows by position only: ``tuple``
+    of the driver's tuple is that very tuple, so no second object is made per row (for a
+    batch of thousands, that object and the collections it brings about cost more than
+    the rest of reading the rows)."""
+
+    _make = tuple
+
+
+def positional_rows(statement: str) -> None:
+    """Answer *statement* with the driver's own rows (:class:`PlainRow`), not named tuples."""
+    _row_types[statement] = PlainRow
 
 
 UNKNOWN: Any = object()

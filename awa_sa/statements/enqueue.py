@@ -6,24 +6,28 @@ on the canonical plane, ``ready_entries`` or ``deferred_jobs`` of the routing sc
 routing is flipped), takes the unique claim and notifies the queue's listeners. This statement
 only feeds it rows: writing its tables here would fork Awa's routing rules.
 
-One job binds scalars; a batch binds one array per field and calls the function once per
-element, in a LATERAL join ordered by the element's position, so a batch of any size is one
-statement and its rows come back in input order. Values travel as text where a driver would
-otherwise have to adapt them its own way (JSON, timestamps, bytes as hex, the tags as a JSON
-array, since a batch's tags are an array of arrays that do not share a length).
+One job binds scalars. A batch binds one parameter, a JSON array with one array of values per
+job, and calls the function once per element, in a LATERAL join ordered by the element's
+position, so a batch of any size is one statement and its rows come back in input order. One
+JSON text costs the client one pass of the stdlib's C encoder where twelve arrays cost the
+driver a Python loop over every value, escapes included; the server reads either in a small
+part of what the function itself costs. Values travel as text where a driver would otherwise
+adapt them its own way (JSON, timestamps, bytes as hex, tags as an array literal).
+
+Only what the client cannot know comes back: the id, ``run_at`` and ``created_at`` the
+function stamped, and ``args`` and ``metadata`` as stored (``jsonb`` orders keys and writes
+numbers its own way). The rest of the new row is what was sent, which the function stores as
+given (:mod:`awa_sa.jobs` builds the typed row from both).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     BigInteger,
-    Integer,
     Select,
     SmallInteger,
     Text,
@@ -38,16 +42,21 @@ from sqlalchemy.dialects.postgresql import ARRAY, BIT, BYTEA, JSONB
 from sqlalchemy.sql.elements import ColumnElement
 
 from awa_sa.statements.registry import Query, Rows, statement
-from awa_sa.statements.sql import bound_rows, rows_as_binds
+from awa_sa.statements.sql import bound_row
 from awa_sa.tables import Timestamp, job_state, job_unique_claims
 
 
-@dataclass(frozen=True, slots=True)
-class JobValues:
+class JobValues(NamedTuple):
     """One job as the statement binds it: every value already validated and encoded.
 
-    ``args``, ``metadata`` and ``tags`` are JSON text, ``unique_key`` and ``ordering_key`` hex,
-    ``run_at`` an ISO 8601 text with its offset, ``unique_states`` the BIT(8) text.
+    ``args`` and ``metadata`` are JSON text, ``tags`` a ``text[]`` literal, ``unique_key`` and
+    ``ordering_key`` hex, ``run_at`` an ISO 8601 text with its offset, ``unique_states`` the
+    BIT(8) text. A tuple, so that a batch is written as JSON arrays in this field order.
+
+    ``tag_list`` is not bound (a batch's array carries it, the statement reads no further than
+    ``ordering_key``): the tags as the typed row gives them back, kept in this one object per
+    job rather than in a second one beside it, and as a tuple, so that a job's values hold no
+    mutable object and the garbage collector stops tracking them once it has seen them.
     """
 
     kind: str
@@ -62,136 +71,97 @@ class JobValues:
     unique_key: str | None
     unique_states: str | None
     ordering_key: str | None
+    tag_list: tuple[str, ...]
 
 
-_FIELDS = (
-    ("b_kind", "kind", Text),
-    ("b_queue", "queue", Text),
-    ("b_args", "args", Text),
-    ("b_state", "state", Text),
-    ("b_priority", "priority", SmallInteger),
-    ("b_max_attempts", "max_attempts", SmallInteger),
-    ("b_run_at", "run_at", Text),
-    ("b_metadata", "metadata", Text),
-    ("b_tags", "tags", Text),
-    ("b_unique_key", "unique_key", Text),
-    ("b_unique_states", "unique_states", Text),
-    ("b_ordering_key", "ordering_key", Text),
+_FIELDS = tuple(
+    (f"b_{name}", name, SmallInteger if name in ("priority", "max_attempts") else Text)
+    for name in JobValues._fields[:-1]
 )
+_BATCH = "b_jobs"
+
+
+def _given(batch: bool) -> tuple[Any, dict[str, ColumnElement[Any]]]:
+    """The bound jobs as rows, and each field as a column of them (text in a batch)."""
+    if not batch:
+        row = bound_row(_FIELDS).subquery("given")
+        return row, {name: row.c[name] for _, name, _ in _FIELDS}
+    rows = (
+        func.jsonb_array_elements(cast(bindparam(_BATCH, type_=Text), JSONB))
+        .table_valued(column("job", JSONB), with_ordinality="ord")
+        .render_derived(name="given")
+    )
+    field = rows.c.job.op("->>", return_type=Text)
+    return rows, {name: field(literal_column(str(n))) for n, (_, name, _) in enumerate(_FIELDS)}
 
 
 def _hex(value: ColumnElement[Any]) -> ColumnElement[Any]:
     return func.decode(value, literal_column("'hex'"), type_=BYTEA)
 
 
-def _tags(value: ColumnElement[Any]) -> ColumnElement[Any]:
-    """The JSON array of tags as ``text[]``, in its order."""
-    elements = (
-        func.jsonb_array_elements_text(cast(value, JSONB))
-        .table_valued(column("value", Text), with_ordinality="n")
-        .render_derived(name="tag")
-    )
-    listed = select(elements.c.value).order_by(elements.c.n).scalar_subquery()
-    return func.array(listed, type_=ARRAY(Text))
-
-
 @statement
 def insert_jobs(*, batch: bool) -> Select[Any]:
     """``awa.insert_job_compat`` once per bound job, its rows in input order."""
-    given = bound_rows("given", _FIELDS, batch, ordinality=True)
-    c = given.c
+    given, c = _given(batch)
+    small = (lambda v: cast(v, SmallInteger)) if batch else (lambda v: v)
     job = (
         func.awa.insert_job_compat(
-            c.kind,
-            c.queue,
-            cast(c.args, JSONB),
-            cast(c.state, job_state),
-            c.priority,
-            c.max_attempts,
-            cast(c.run_at, Timestamp),
-            cast(c.metadata, JSONB),
-            _tags(c.tags),
-            _hex(c.unique_key),
-            cast(c.unique_states, BIT(8)),
-            _hex(c.ordering_key),
+            c["kind"],
+            c["queue"],
+            cast(c["args"], JSONB),
+            cast(c["state"], job_state),
+            small(c["priority"]),
+            small(c["max_attempts"]),
+            cast(c["run_at"], Timestamp),
+            cast(c["metadata"], JSONB),
+            cast(c["tags"], ARRAY(Text)),
+            _hex(c["unique_key"]),
+            cast(c["unique_states"], BIT(8)),
+            _hex(c["ordering_key"]),
         )
         .table_valued(
             column("id", BigInteger),
-            column("kind", Text),
-            column("queue", Text),
-            column("args", JSONB),
-            column("state", job_state),
-            column("priority", SmallInteger),
-            column("attempt", SmallInteger),
-            column("max_attempts", SmallInteger),
             column("run_at", Timestamp),
             column("created_at", Timestamp),
+            column("args", JSONB),
             column("metadata", JSONB),
-            column("tags", ARRAY(Text)),
-            column("unique_key", BYTEA),
         )
         .lateral("job")
     )
-    return (
-        select(
-            job.c.id,
-            job.c.kind,
-            job.c.queue,
-            cast(job.c.state, Text).label("state"),
-            cast(job.c.priority, Integer).label("priority"),
-            cast(job.c.attempt, Integer).label("attempt"),
-            cast(job.c.max_attempts, Integer).label("max_attempts"),
-            job.c.run_at,
-            job.c.created_at,
-            cast(job.c.args, Text).label("args"),
-            cast(job.c.metadata, Text).label("metadata"),
-            cast(func.to_jsonb(job.c.tags), Text).label("tags"),
-            func.encode(job.c.unique_key, literal_column("'hex'"), type_=Text).label("unique_key"),
-        )
-        .select_from(given)
-        .join(job, literal_column("true"))
-        .order_by(c.ord)
-    )
+    query = select(
+        job.c.id,
+        job.c.run_at,
+        job.c.created_at,
+        cast(job.c.args, Text).label("args"),
+        cast(job.c.metadata, Text).label("metadata"),
+    ).select_from(given.join(job, literal_column("true")))
+    return query.order_by(given.c.ord) if batch else query
 
 
-@dataclass(frozen=True, slots=True)
-class InsertedRow:
-    """A row the function answered, as the statement reads it (JSON still text)."""
-
-    id: int
-    kind: str
-    queue: str
-    state: str
-    priority: int
-    attempt: int
-    max_attempts: int
-    run_at: datetime
-    created_at: datetime
-    args: str
-    metadata: str
-    tags: str
-    unique_key: str | None
+_ENCODE = json.JSONEncoder(ensure_ascii=False, check_circular=False, separators=(",", ":")).encode
 
 
 def _binds(jobs: Sequence[JobValues]) -> Mapping[str, Any]:
-    rows = [{bind: getattr(job, name) for bind, name, _ in _FIELDS} for job in jobs]
-    return rows_as_binds(rows)
+    if len(jobs) == 1:
+        return dict(zip([bind for bind, _, _ in _FIELDS], jobs[0], strict=False))
+    return {_BATCH: _ENCODE(jobs)}
 
 
-def _read(rows: Rows) -> list[InsertedRow]:
-    return [InsertedRow(*row) for row in rows]
-
-
-INSERT_JOBS: Query[Sequence[JobValues], list[InsertedRow]] = Query(
+INSERT_JOBS: Query[Sequence[JobValues], Rows] = Query(
     shape=lambda jobs: insert_jobs(batch=len(jobs) > 1),
     binds=_binds,
-    read=_read,
+    read=lambda rows: rows,
+    by_position=True,
 )
+"""Each job's row: ``(id, run_at, created_at, args, metadata)``, JSON as text, in input order."""
 
 
-def tags_text(tags: Sequence[str]) -> str:
-    """The tags as the statement binds them: a JSON array of strings."""
-    return json.dumps(list(tags), ensure_ascii=False)
+def tags_literal(tags: Sequence[str]) -> str:
+    """The tags as the statement binds them: a ``text[]`` literal, every element quoted."""
+    if not tags:
+        return "{}"
+    quoted = ('"' + tag.replace("\\", "\\\\").replace('"', '\\"') + '"' for tag in tags)
+    return "{" + ",".join(quoted) + "}"
 
 
 @statement

@@ -67,6 +67,8 @@ class Query(Generic[P, R]):
     shape: Callable[[P], ClauseElement]
     binds: Callable[[P], Mapping[str, Any]]
     read: Callable[[Rows], R]
+    by_position: bool = False
+    """``read`` takes the rows by position only: they come as the driver's tuples."""
 
 
 def no_binds(_: object) -> Mapping[str, Any]:

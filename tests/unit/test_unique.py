@@ -7,11 +7,16 @@ rules without a database.
 
 from __future__ import annotations
 
+import enum
+import os
+
 import pytest
 from blake3 import blake3
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from awa_sa.errors import ValidationError
-from awa_sa.unique import Unique, states_bits, to_json, unique_key, unique_of
+from awa_sa.unique import Unique, encoded, states_bits, to_json, unique_key, unique_of, written
 
 TEXTS = [
     (1.0, "1.0"),
@@ -94,3 +99,79 @@ def test_states_default_and_names() -> None:
 def test_bad_unique_opts_are_refused(opts: object) -> None:
     with pytest.raises(ValidationError, match="unique_opts"):
         unique_of(opts)
+
+
+class Level(enum.IntEnum):
+    LOW = 1
+
+
+KEYS = st.one_of(
+    st.text(max_size=6),
+    st.sampled_from(["1", "-2", "true", "null", "1e-05", "\x00", "\ud800", 'a,"1']),
+    st.integers(-3, 3),
+    st.booleans(),
+    st.none(),
+    st.floats(allow_nan=True),
+)
+ANY_SCALAR = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(10**17, 2**64),
+    st.floats(),
+    st.text(),
+    st.sampled_from(["\x00", "\ud800", "\\u0000", "1e+16", Level.LOW, 2**63, 1e-5, -0.0]),
+)
+ANY_VALUE = st.recursive(
+    ANY_SCALAR,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.lists(inner, max_size=4).map(tuple),
+        st.dictionaries(KEYS, inner, max_size=4),
+    ),
+    max_leaves=16,
+)
+
+
+def _deep(levels: int) -> object:
+    value: object = {"a": 1}
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+@settings(
+    max_examples=int(os.environ.get("AWA_SA_HYPOTHESIS_EXAMPLES", "400")),
+    derandomize=not os.environ.get("AWA_SA_HYPOTHESIS_EXAMPLES"),
+)
+@given(ANY_VALUE)
+@example({1: "x"})
+@example({"b": [1, {"z": None, "é": True}], "a": 2**63})
+@example(_deep(64))
+@example(_deep(65))
+@example({"k": float("nan")})
+def test_the_c_encoders_text_is_taken_only_where_it_is_the_writers(value: object) -> None:
+    """The short road gives the writer's text byte for byte, or steps aside; the writer alone
+    refuses (so what it refuses, to_json refuses too)."""
+    fast = encoded(value)
+    try:
+        text = written(value)
+    except ValidationError:
+        assert fast is None
+        with pytest.raises(ValidationError):
+            to_json(value)
+        return
+    assert fast is None or fast == text
+    assert to_json(value) == text
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"n": 1, "round": "r0", "to": "user1@example.com"},
+        {"é": ["ü", 1.5, -0.0, None, True], "a": {"b": 123.456, "c": 9223372036854775807 // 10}},
+        _deep(64),
+    ],
+)
+def test_plain_json_takes_the_short_road(value: object) -> None:
+    assert encoded(value) == written(value)

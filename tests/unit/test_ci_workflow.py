@@ -52,9 +52,12 @@ def test_each_entry_calls_ci_run_with_its_job_as_root_on_debian() -> None:
 
 
 def test_the_whole_run_runs_every_job_once() -> None:
-    """``.ci/run`` with no job named runs the lines of SIDE_BY_SIDE: each job in exactly one."""
-    found = re.search(r"^SIDE_BY_SIDE=\(([^)]*)\)$", RUN, re.M)
-    assert found, ".ci/run no longer has a SIDE_BY_SIDE=(...) line"
-    named = [job for line in shlex.split(found.group(1)) for job in line.split()]
+    """``.ci/run`` with no job named runs FIRST, then main beside BESIDE_MAIN and THEN: each job
+    in exactly one of them."""
+    named = ["main"]
+    for name in ("FIRST", "BESIDE_MAIN", "THEN"):
+        found = re.search(rf"^{name}=\(([^)]*)\)$", RUN, re.M)
+        assert found, f".ci/run no longer has a {name}=(...) line"
+        named += shlex.split(found.group(1))
     assert sorted(named) == sorted(all_jobs())
     assert len(named) == len(set(named))

@@ -38,7 +38,7 @@ def in_phase(
     pg: EmbeddedPostgres, awa_databases: Databases, real_template: str
 ) -> Iterator[dict[str, str]]:
     """The ``awa migrate`` database in each phase, a template for the twins: the published CLI
-    moves it once, not both twins of every test (three runs each, issue 39)."""
+    moves one database once (three commands), not both twins of every test (issue 39)."""
     with cloned(pg, awa_databases, real_template) as url:
         engine = sa.create_engine(url, poolclass=sa.NullPool)
         Cluster("real", pg, url, engine).set_phase("active", "awa_qs")

@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import multiprocessing
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from multiprocessing.managers import SyncManager
+from multiprocessing.pool import Pool as PoolType
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from calling import DRIVERS, SNOOZE, callers, driver_url, is_async, refusal
-from conftest import Cluster, _janitor
+from conftest import Cluster, cloned
 from jobs import insert_job
 from racing import fingerprint, held
 from sqlalchemy import event
@@ -33,6 +35,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from test_drivers import Face, Walk, _remember_pid, seeded_database, walk
 
 from awa_sa import Attempt, DatabaseError, Rescheduled
+from awa_sa.testing.databases import Databases
 from awa_sa.testing.pooler import PgBouncer, find_pgbouncer, pgbouncer
 from awa_sa.testing.server import EmbeddedPostgres
 
@@ -86,39 +89,46 @@ def seeded_source(pg: EmbeddedPostgres, fixture_template: str) -> Iterator[tuple
 
 
 def _walk_on_clone(
-    pg: EmbeddedPostgres, source: tuple[str, Any], make_face: Any
-) -> tuple[Walk, str]:
-    name = f"pooled_{uuid.uuid4().hex[:12]}"
-    janitor = _janitor(pg, name, template=source[0])
-    janitor.init()
-    observer = sa.create_engine(pg.database_url(name), poolclass=sa.NullPool)
-    face = make_face(name)
-    try:
-        return walk(face, Cluster("fixture", pg, pg.database_url(name), observer), source[1]), name
-    finally:
-        face.dispose()
-        observer.dispose()
-        janitor.drop()
+    pg: EmbeddedPostgres, databases: Databases, source: tuple[str, Any], make_face: Any
+) -> Walk:
+    """The walk on a clone the kit makes (its files copied, on its pooled maintenance
+    connection: a third of a janitor's CPU)."""
+    with cloned(pg, databases, source[0]) as url:
+        name = sa.make_url(url).database or ""
+        observer = sa.create_engine(url, poolclass=sa.NullPool)
+        face = make_face(name)
+        try:
+            return walk(face, Cluster("fixture", pg, url, observer), source[1])
+        finally:
+            face.dispose()
+            observer.dispose()
+
+
+WalkOnClone = Callable[[Callable[[str], Face]], Walk]
 
 
 @pytest.fixture(scope="module")
-def direct_walk(pg: EmbeddedPostgres, seeded_source: tuple[str, Any]) -> Walk:
+def walk_on_clone(
+    pg: EmbeddedPostgres, awa_databases: Databases, seeded_source: tuple[str, Any]
+) -> WalkOnClone:
+    """The walk on a new clone of the seeded database, by the face made for the clone's name."""
+    return lambda make_face: _walk_on_clone(pg, awa_databases, seeded_source, make_face)
+
+
+@pytest.fixture(scope="module")
+def direct_walk(pg: EmbeddedPostgres, walk_on_clone: WalkOnClone) -> Walk:
     """psycopg 3, no pooler: the outcomes and rows every pooled walk must reproduce."""
-    return _walk_on_clone(pg, seeded_source, lambda name: Face("psycopg", pg.database_url(name)))[0]
+    return walk_on_clone(lambda name: Face("psycopg", pg.database_url(name)))
 
 
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_the_walk_through_pgbouncer_matches_a_direct_connection(
-    driver: str,
-    pg: EmbeddedPostgres,
-    bouncer: PgBouncer,
-    seeded_source: tuple[str, Any],
-    direct_walk: Walk,
+    driver: str, bouncer: PgBouncer, walk_on_clone: WalkOnClone, direct_walk: Walk
 ) -> None:
     def pooled(name: str) -> Face:
         return PooledFace(driver, bouncer.database_url(name), RECOMMENDED[driver])
 
-    got, _ = _walk_on_clone(pg, seeded_source, pooled)
+    got = walk_on_clone(pooled)
     assert got.results == direct_walk.results
     names = {r[0] if isinstance(r, tuple) else r.split("(")[0] for r in got.results}
     assert {"Rescheduled", "Migrated", "CancelledDuplicate", "Stale", "UniqueConflict"} <= names
@@ -127,22 +137,36 @@ def test_the_walk_through_pgbouncer_matches_a_direct_connection(
         assert got.tables[table] == rows, table
 
 
+@pytest.fixture(scope="module")
+def two_processes() -> Iterator[tuple[SyncManager, PoolType]]:
+    """Two worker processes and a manager for their barrier, shared by the drivers' runs: each
+    spawned process imports SQLAlchemy, every driver and awa-sa again, half a second of CPU
+    (issue 39). A run's two tasks still land on both workers: the first waits at the barrier,
+    so only the other worker is free to take the second."""
+    spawn = multiprocessing.get_context("spawn")  # no fork of a process with live connections
+    with spawn.Manager() as manager, spawn.Pool(2) as pool:
+        yield manager, pool
+
+
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_two_processes_of_callers_end_each_job_once(
-    driver: str, bouncer: PgBouncer, db_url: str, engine: sa.Engine
+    driver: str,
+    bouncer: PgBouncer,
+    two_processes: tuple[SyncManager, PoolType],
+    db_url: str,
+    engine: sa.Engine,
 ) -> None:
     with engine.begin() as conn:
         ids = [insert_job(conn) for _ in range(80)]
     url = bouncer.database_url(sa.make_url(db_url).database or "")
     options = RECOMMENDED[driver]
-    spawn = multiprocessing.get_context("spawn")  # no fork of a process with live connections
-    with spawn.Manager() as manager, spawn.Pool(2) as pool:
-        ready = manager.Barrier(2, timeout=60)
-        running = [
-            pool.apply_async(callers, (driver, url, ids[i::2], 4, options), {"ready": ready})
-            for i in range(2)
-        ]
-        errors = [each.get() for each in running]
+    manager, pool = two_processes
+    ready = manager.Barrier(2, timeout=60)
+    running = [
+        pool.apply_async(callers, (driver, url, ids[i::2], 4, options), {"ready": ready})
+        for i in range(2)
+    ]
+    errors = [each.get() for each in running]
     assert errors == [[], []]
     with engine.connect() as conn:
         moved = conn.execute(

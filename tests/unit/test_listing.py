@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import re
+import subprocess
 
+import pytest
 from command_line import assert_one_line_error, awa_sa_cmd, printed_blocks
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 
 from awa_sa import queue_storage as qs
 from awa_sa import statements
 from awa_sa.tools.listing import compile_statement
+
+
+@pytest.fixture(scope="module")
+def listed() -> subprocess.CompletedProcess[str]:
+    """``awa-sa sql`` run once for the module's tests that read the default listing: each run
+    compiles every statement in a fresh interpreter, a second of CPU (issue 39)."""
+    return awa_sa_cmd("sql")
 
 
 def expected_statements(schema: str) -> list[str]:
@@ -47,8 +56,8 @@ def test_sql_lists_every_builder_exactly_as_compiled() -> None:
     assert " ".join(lock.split()) in [" ".join(sql.split()) for sql in printed]
 
 
-def test_sql_default_schema_is_awa() -> None:
-    proc = awa_sa_cmd("sql")
+def test_sql_default_schema_is_awa(listed: subprocess.CompletedProcess[str]) -> None:
+    proc = listed
     assert proc.returncode == 0, proc.stderr
     assert "awa.deferred_jobs" in proc.stdout
     printed = [sql for _, sql in printed_blocks(proc.stdout)]
@@ -59,9 +68,9 @@ def test_sql_rejects_invalid_schema() -> None:
     assert_one_line_error(awa_sa_cmd("sql", "--schema", "Bad-Name"), "invalid SQL identifier")
 
 
-def test_sql_is_laid_out_for_review() -> None:
+def test_sql_is_laid_out_for_review(listed: subprocess.CompletedProcess[str]) -> None:
     """Lines a reviewer can read, columns named after what they carry, comments without reST."""
-    proc = awa_sa_cmd("sql")
+    proc = listed
     assert proc.returncode == 0, proc.stderr
     assert max(len(line) for line in proc.stdout.splitlines()) <= 100
     assert "anon_" not in proc.stdout

@@ -8,6 +8,7 @@ the claim, the lane steps and the ring cursor first, as for a failed job's retry
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy import Connection
@@ -35,6 +36,21 @@ from awa_sa.statements.duplicate import (
     Lane,
 )
 from awa_sa.tables import JOB_STATES
+
+
+def ready_ring(conn: Connection, schema: str, lanes: Iterable[tuple[str, int]]) -> Any:
+    """The ring's cursor, once each lane a job goes back to is locked and has the rows
+    awa-pg's enqueue makes for it: where a retried job's ready row goes."""
+    for queue, priority in sorted(set(lanes)):
+        lane = Lane(schema, queue, priority)
+        run(conn, LANE_LOCK, lane)
+        for ensure in (ENSURE_LANE_ROW, ENSURE_ENQUEUE_HEAD, ENSURE_CLAIM_HEAD):
+            run(conn, ensure, lane, schema)
+        run(conn, ENSURE_LANE_SEQUENCES, lane, schema)
+    ring = run(conn, RING_CURSOR, None, schema)
+    if ring is None:
+        raise DatabaseError(f"{schema}.queue_ring_state has no singleton row")
+    return ring
 
 
 def _lease(conn: Connection, schema: str, job_id: int, verb: Verb) -> Any:
@@ -86,13 +102,7 @@ def retried_lease(conn: Connection, schema: str, job_id: int) -> JobRow | None:
     claims = conn.execute(lease_claims_retried(), ids, execution_options=options).one()
     if claims.taken < claims.wanted:
         raise UniqueConflict("idx_awa_jobs_unique", "a retried job's unique key is held")
-    lane = Lane(schema, lease.queue, lease.priority)
-    run(conn, LANE_LOCK, lane)
-    for ensure in (ENSURE_LANE_ROW, ENSURE_ENQUEUE_HEAD, ENSURE_CLAIM_HEAD, ENSURE_LANE_SEQUENCES):
-        run(conn, ensure, lane, schema)
-    ring = run(conn, RING_CURSOR, None, schema)
-    if ring is None:
-        raise DatabaseError(f"{schema}.queue_ring_state has no singleton row")
+    ring = ready_ring(conn, schema, [(lease.queue, lease.priority)])
     at_ring = {
         "b_job_id": job_id,
         "b_ready_slot": ring.current_slot,

@@ -15,9 +15,8 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from awa_sa.administer_lease import retried_lease
-from awa_sa.compiled import run
-from awa_sa.errors import DatabaseError, QueueStorageJobs, UniqueConflict
+from awa_sa.administer_lease import ready_ring, retried_lease
+from awa_sa.errors import QueueStorageJobs, UniqueConflict
 from awa_sa.queue_storage import translate_map
 from awa_sa.statements.admin_canonical import JobRow
 from awa_sa.statements.admin_qs_discard import discard_failed_qs, discard_targets
@@ -31,15 +30,6 @@ from awa_sa.statements.admin_qs_retry import (
     sharded_queues,
 )
 from awa_sa.statements.admin_queue_storage import done_job_fields
-from awa_sa.statements.duplicate import (
-    ENSURE_CLAIM_HEAD,
-    ENSURE_ENQUEUE_HEAD,
-    ENSURE_LANE_ROW,
-    ENSURE_LANE_SEQUENCES,
-    LANE_LOCK,
-    RING_CURSOR,
-    Lane,
-)
 from awa_sa.statements.receipt_settles import receipt_lock
 
 VERBS = {"job": "retry_job", "kind": "retry_failed", "queue": "retry_failed"}
@@ -82,15 +72,7 @@ def retried(
     claims = conn.execute(retry_claims(), {"b_job_ids": ids}, execution_options=options).one()
     if claims.taken < claims.wanted:
         raise UniqueConflict("idx_awa_jobs_unique", "a retried job's unique key is held")
-    for queue, priority in sorted({(t.queue, t.priority) for t in targets}):
-        lane = Lane(schema, queue, priority)
-        run(conn, LANE_LOCK, lane)
-        for ensure in (ENSURE_LANE_ROW, ENSURE_ENQUEUE_HEAD, ENSURE_CLAIM_HEAD):
-            run(conn, ensure, lane, schema)
-        run(conn, ENSURE_LANE_SEQUENCES, lane, schema)
-    ring = run(conn, RING_CURSOR, None, schema)
-    if ring is None:
-        raise DatabaseError(f"{schema}.queue_ring_state has no singleton row")
+    ring = ready_ring(conn, schema, [(t.queue, t.priority) for t in targets])
     at_ring = {
         "b_job_ids": ids,
         "b_ready_slot": ring.current_slot,

@@ -12,14 +12,18 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from contextlib import ExitStack
+from typing import Any, NamedTuple
 
 import awa
 import psycopg
 import sqlalchemy as sa
-from runtimes import pg_url
+from conftest import cloned
+from runtimes import hold_leadership, pg_url
 
 import awa_sa
+from awa_sa.testing.databases import Databases
+from awa_sa.testing.server import EmbeddedPostgres
 
 CLOCK = re.compile(
     r'"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)?\+00"'  # a timestamptz column
@@ -34,6 +38,11 @@ BOOKKEEPING = (
     "queue_claimer_leases",
     "queue_claimer_state",
 )
+
+
+class Twin(NamedTuple):
+    url: str
+    engine: sa.Engine
 
 
 def _tables(conn: sa.Connection, schemas: Sequence[str]) -> list[str]:
@@ -129,6 +138,20 @@ def sa_call(engine: sa.Engine, call: Callable[[sa.Connection], Any]) -> Any:
     with engine.begin() as conn:
         conn.execute(sa.text("INSERT INTO public.business VALUES ('administered')"))
         return call(conn)
+
+
+def twin(stack: ExitStack, pg: EmbeddedPostgres, databases: Databases, template: str) -> Twin:
+    """One twin: a clone of *template* and its engine, with the maintenance leadership held
+    (nothing promotes or rescues behind a comparison) and the business table callers commit
+    to; closed with *stack*."""
+    url = stack.enter_context(cloned(pg, databases, template))
+    engine = sa.create_engine(url)
+    stack.callback(engine.dispose)
+    leader = hold_leadership(engine)
+    stack.callback(leader.close)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE public.business (note text)"))
+    return Twin(url, engine)
 
 
 def twins(

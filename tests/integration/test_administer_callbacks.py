@@ -27,10 +27,9 @@ from typing import Any
 import awa
 import pytest
 import sqlalchemy as sa
-from administering import change, heard, pg_call, sa_call, same_job, snapshot, twins
-from conftest import cloned
+from administering import change, heard, pg_call, sa_call, same_job, snapshot, twin, twins
 from racing import held, in_thread, wait_until_blocked
-from runtimes import hold_leadership, pg_url, rows
+from runtimes import pg_url, rows
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import awa_sa
@@ -121,13 +120,7 @@ def parked(pg: EmbeddedPostgres, awa_databases: Databases, real_template: str) -
     with ExitStack() as stack:
         urls, engines, made = [], [], []
         for _ in range(2):
-            url = stack.enter_context(cloned(pg, awa_databases, real_template))
-            engine = sa.create_engine(url)
-            stack.callback(engine.dispose)
-            leader = hold_leadership(engine)
-            stack.callback(leader.close)
-            with engine.begin() as conn:
-                conn.execute(sa.text("CREATE TABLE public.business (note text)"))
+            url, engine = twin(stack, pg, awa_databases, real_template)
             made.append(asyncio.run(_park(url, engine)))
             with engine.connect() as conn:
                 routed = conn.execute(sa.text("SELECT awa.active_queue_storage_schema()"))

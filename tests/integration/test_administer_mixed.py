@@ -27,9 +27,9 @@ from typing import Any
 import awa
 import pytest
 import sqlalchemy as sa
-from administering import pg_call, same_job, twins
-from conftest import QUIESCED_FLIP, cloned, run_awa
-from runtimes import hold_leadership, pg_url
+from administering import pg_call, same_job, twin, twins
+from conftest import QUIESCED_FLIP, run_awa
+from runtimes import pg_url
 
 import awa_sa
 from awa_sa.testing.databases import Databases
@@ -136,13 +136,7 @@ def mixed(pg: EmbeddedPostgres, awa_databases: Databases, real_template: str) ->
     with ExitStack() as stack:
         urls, engines, made = [], [], []
         for _ in range(2):
-            url = stack.enter_context(cloned(pg, awa_databases, real_template))
-            engine = sa.create_engine(url)
-            stack.callback(engine.dispose)
-            leader = hold_leadership(engine)
-            stack.callback(leader.close)
-            with engine.begin() as conn:
-                conn.execute(sa.text("CREATE TABLE public.business (note text)"))
+            url, engine = twin(stack, pg, awa_databases, real_template)
             pg_call(url, lambda c: c.insert({"n": 0}, kind="before", queue="idle_q"))
             dbname = sa.make_url(url).database or ""
             details = '{"schema": "awa_qs"}'

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import os
-import re
 import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -30,9 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import awa
-import psycopg
 import pytest
 import sqlalchemy as sa
+from administering import change, masked, pg_call, same_job, snapshot, twins
 from conftest import QUIESCED_FLIP, awa_cli, cloned
 from runtimes import hold_leadership, pg_url
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -60,61 +59,12 @@ FAILING: tuple[tuple[str, str, int, dict[str, Any]], ...] = (
     ("fails_async", "async_q", 2, {}),
     ("fails_held", "work_q", 2, {"unique_opts": {"by_args": True}}),
 )
-_CLOCK = re.compile(
-    r'"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)?\+00"'  # a timestamptz column
-    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?\+00:00"  # an error entry's worker clock
-)
 
 
 @dataclass
 class Side:
     url: str
     engine: sa.Engine
-
-
-def _tables(conn: sa.Connection) -> list[str]:
-    return list(
-        conn.execute(
-            sa.text(
-                "SELECT 'awa.' || c.relname FROM pg_class c JOIN pg_namespace n"
-                " ON n.oid = c.relnamespace WHERE n.nspname = 'awa' AND c.relkind IN ('r', 'p')"
-                " AND NOT c.relispartition AND c.relname NOT LIKE 'runtime_%'"
-                " AND c.relname NOT IN ('queue_descriptors', 'job_kind_descriptors',"
-                " 'queue_claimer_leases', 'queue_claimer_state')"
-                " ORDER BY 1"
-            )
-        ).scalars()
-    )
-
-
-def snapshot(engine: sa.Engine) -> dict[str, list[str]]:
-    """Every row of every table and every sequence, as text with the clocks masked."""
-    with engine.connect() as conn:
-        out = {
-            table: sorted(
-                _CLOCK.sub("CLOCK", text)
-                for text in conn.execute(sa.text(f"SELECT t::text FROM {table} t")).scalars()
-            )
-            for table in _tables(conn)
-        }
-        out["sequences"] = [
-            str(tuple(row))
-            for row in conn.execute(
-                sa.text(
-                    "SELECT sequencename, last_value FROM pg_sequences"
-                    " WHERE schemaname = 'awa' ORDER BY 1"
-                )
-            )
-        ]
-    return out
-
-
-def change(before: dict[str, list[str]], after: dict[str, list[str]]) -> dict[str, Any]:
-    return {
-        table: (sorted(set(before[table]) - set(rows)), sorted(set(rows) - set(before[table])))
-        for table, rows in after.items()
-        if rows != before.get(table)
-    }
 
 
 async def _start(side: Side) -> None:
@@ -181,17 +131,6 @@ def sides(
         yield made[0], made[1]
 
 
-def _pg(url: str, call: Callable[[awa.AsyncClient], Any]) -> Any:
-    async def run() -> Any:
-        client = awa.AsyncClient(pg_url(url))
-        try:
-            return await call(client)
-        finally:
-            await client.close()
-
-    return asyncio.run(run())
-
-
 @pytest.mark.parametrize(
     "job_id",
     [SCHEDULED, SCHEDULED_NEW_LANE, RETRYABLE],
@@ -202,7 +141,7 @@ def test_cancel_of_a_deferred_job_writes_what_awa_pg_writes(
 ) -> None:
     pg_side, sa_side = sides
     before = snapshot(pg_side.engine), snapshot(sa_side.engine)
-    got_pg = _pg(pg_side.url, lambda client: client.cancel(job_id))
+    got_pg = pg_call(pg_side.url, lambda client: client.cancel(job_id))
     with sa_side.engine.begin() as conn:
         conn.execute(sa.text("INSERT INTO public.business VALUES ('paid')"))
         got_sa = awa_sa.cancel_job(conn, job_id)
@@ -358,7 +297,7 @@ def test_a_running_attempt_cancelled_beside_its_worker_writes_what_awa_pg_writes
         assert any("cancelled" in row for row in written), sa_change["awa.done_entries"]
 
 
-def test_in_mixed_transition_a_deferred_job_of_the_routing_schema_is_cancelled_as_awa_pg(
+def test_in_mixed_transition_a_deferred_job_of_the_routing_schema_is_cancelled_as_awapg_call(
     clone_database: Callable[[str], str], real_template: str
 ) -> None:
     """Routing flipped to ``awa_qs`` by the real CLI, no runtime: a canonical job enqueued
@@ -371,7 +310,7 @@ def test_in_mixed_transition_a_deferred_job_of_the_routing_schema_is_cancelled_a
     engines = [sa.create_engine(pg_url_), sa.create_engine(sa_url)]
     try:
         before = [snapshot_of(e) for e in engines]
-        got_pg = _pg(pg_url_, lambda client: client.cancel(1))
+        got_pg = pg_call(pg_url_, lambda client: client.cancel(1))
         with engines[1].begin() as conn:
             got_sa = awa_sa.cancel_job(conn, 1)
         after = [snapshot_of(e) for e in engines]
@@ -417,12 +356,12 @@ def snapshot_of(engine: sa.Engine) -> dict[str, list[str]]:
     with engine.connect() as conn:
         for table in ("jobs_hot", "scheduled_jobs"):
             out[f"awa.{table}"] = sorted(
-                _CLOCK.sub("CLOCK", t)
+                masked(t)
                 for t in conn.execute(sa.text(f"SELECT t::text FROM awa.{table} t")).scalars()
             )
         for table in ("deferred_jobs", "done_entries", "queue_terminal_count_deltas"):
             out[f"awa_qs.{table}"] = sorted(
-                _CLOCK.sub("CLOCK", t)
+                masked(t)
                 for t in conn.execute(sa.text(f"SELECT t::text FROM awa_qs.{table} t")).scalars()
             )
     return out
@@ -463,7 +402,7 @@ def test_cancel_by_unique_key_on_queue_storage_writes_what_awa_pg_writes(
     """A scheduled job found by its key is cancelled as awa-pg cancels it, by either face; a key
     an older available job holds is refused (awa-pg tombstones its ready row); no key, None."""
 
-    async def on_pg(url: str, call: Callable[[awa.AsyncClient], Any]) -> Any:
+    async def onpg_call(url: str, call: Callable[[awa.AsyncClient], Any]) -> Any:
         client = awa.AsyncClient(pg_url(url))
         try:
             return await call(client)
@@ -474,7 +413,7 @@ def test_cancel_by_unique_key_on_queue_storage_writes_what_awa_pg_writes(
     for side in sides:  # on both, so that the twins' ids stay in step
         for args, run_at in (({"lane": 1}, None), ({"n": 99}, later), ({"n": 98}, later)):
             asyncio.run(
-                on_pg(
+                onpg_call(
                     side.url,
                     lambda c, a=args, r=run_at: c.insert(  # type: ignore[misc]
                         a, kind="keyed", queue="idle_q", run_at=r, unique_opts={}
@@ -484,7 +423,7 @@ def test_cancel_by_unique_key_on_queue_storage_writes_what_awa_pg_writes(
     pg_side, sa_side = sides
     before = snapshot(pg_side.engine), snapshot(sa_side.engine)
     got_pg = asyncio.run(
-        on_pg(pg_side.url, lambda c: c.cancel_by_unique_key("keyed", args={"n": 99}))
+        onpg_call(pg_side.url, lambda c: c.cancel_by_unique_key("keyed", args={"n": 99}))
     )
     with sa_side.engine.begin() as conn:
         got_sa = awa_sa.cancel_by_unique_key(conn, "keyed", args={"n": 99})
@@ -505,7 +444,7 @@ def test_cancel_by_unique_key_on_queue_storage_writes_what_awa_pg_writes(
 
     before = snapshot(pg_side.engine), snapshot(sa_side.engine)
     got_pg = asyncio.run(
-        on_pg(pg_side.url, lambda c: c.cancel_by_unique_key("keyed", args={"n": 98}))
+        onpg_call(pg_side.url, lambda c: c.cancel_by_unique_key("keyed", args={"n": 98}))
     )
     got_sa = asyncio.run(on_sa({"n": 98}))
     assert got_sa is not None
@@ -575,30 +514,8 @@ def failed(sides: tuple[Side, Side]) -> dict[str, int]:
     return ids
 
 
-def _heard(side: Side, act: Callable[[], Any]) -> tuple[Any, list[tuple[str, str]]]:
-    """*act*'s result and the NOTIFYs it sent on the queues' channels, in order."""
-    marker = "awa_sa_test_step"
-    listener = psycopg.connect(pg_url(side.url), autocommit=True)
-    try:
-        for channel in ("awa:work_q", "awa:fail_q", "awa:idle_q", "awa:rb_q", marker):
-            listener.execute(f'LISTEN "{channel}"')
-        got = act()
-        listener.execute(f"NOTIFY {marker}")
-        heard: list[tuple[str, str]] = []
-        for note in listener.notifies(timeout=30):
-            if note.channel == marker:
-                return got, heard
-            heard.append((note.channel, note.payload))
-        raise AssertionError("the marker NOTIFY never arrived")
-    finally:
-        listener.close()
-
-
-def _on_sa(side: Side, call: Callable[[sa.Connection], Any]) -> Any:
-    """*call* in a caller's transaction that also commits a business row."""
-    with side.engine.begin() as conn:
-        conn.execute(sa.text("INSERT INTO public.business VALUES ('retried')"))
-        return call(conn)
+CHANNELS = ("awa:work_q", "awa:fail_q", "awa:idle_q", "awa:rb_q")
+"""The queues' channels a retry NOTIFYs on."""
 
 
 def _twins(
@@ -610,37 +527,21 @@ def _twins(
     """awa-pg's call on one twin, awa-sa's on the other: the same rows changed (at least in
     the tables *touched*), the same NOTIFYs; both results."""
     pg_side, sa_side = sides
-    before = snapshot(pg_side.engine), snapshot(sa_side.engine)
-    business = _count_business(sa_side)
-    got_pg, pg_heard = _heard(pg_side, lambda: _pg(pg_side.url, on_pg))
-    got_sa, sa_heard = _heard(sa_side, lambda: _on_sa(sa_side, on_sa))
-    changed = change(before[1], snapshot(sa_side.engine))
-    assert changed == change(before[0], snapshot(pg_side.engine))
+    got_pg, got_sa, changed, sa_heard = twins(
+        (pg_side.url, sa_side.url),
+        (pg_side.engine, sa_side.engine),
+        on_pg,
+        on_sa,
+        schemas=("awa",),
+        channels=CHANNELS,
+    )
     assert touched <= set(changed), sorted(changed)
-    assert sa_heard == pg_heard
     assert bool(sa_heard) == ("awa.ready_entries" in touched), sa_heard
-    assert _count_business(sa_side) == business + 1
     return got_pg, got_sa
 
 
-def _count_business(side: Side) -> int:
-    with side.engine.connect() as conn:
-        return int(conn.execute(sa.text("SELECT count(*) FROM public.business")).scalar_one())
-
-
 def _same_job(got_sa: awa_sa.JobRow, got_pg: Any) -> None:
-    assert (got_sa.id, got_sa.kind, got_sa.queue, got_sa.attempt, got_sa.args) == (
-        got_pg.id,
-        got_pg.kind,
-        got_pg.queue,
-        got_pg.attempt,
-        got_pg.args,
-    )
-    assert (got_sa.tags, got_sa.metadata, got_sa.priority) == (
-        got_pg.tags,
-        got_pg.metadata,
-        got_pg.priority,
-    )
+    same_job(got_sa, got_pg)
     assert (got_sa.state, got_sa.storage, got_sa.attempt) == ("available", "awa", 0)
 
 
@@ -676,8 +577,10 @@ def test_retry_job_of_a_cancelled_job_writes_what_awa_pg_writes(sides: tuple[Sid
     later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
     ids = []
     for side in sides:
-        job = _pg(side.url, lambda c: c.insert({"c": 1}, kind="idle", queue="idle_q", run_at=later))
-        _pg(side.url, lambda c, i=job.id: c.cancel(i))  # type: ignore[misc]
+        job = pg_call(
+            side.url, lambda c: c.insert({"c": 1}, kind="idle", queue="idle_q", run_at=later)
+        )
+        pg_call(side.url, lambda c, i=job.id: c.cancel(i))  # type: ignore[misc]
         ids.append(job.id)
     assert ids[0] == ids[1]
     got_pg, got_sa = _twins(
@@ -716,7 +619,7 @@ def test_a_retry_whose_key_another_job_holds_raises_as_awa_pg_and_writes_nothing
     job_id = failed["fails_held"]
     later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
     for side in sides:
-        _pg(
+        pg_call(
             side.url,
             lambda c: c.insert(
                 {"f": len(FAILING) - 1},
@@ -729,7 +632,7 @@ def test_a_retry_whose_key_another_job_holds_raises_as_awa_pg_and_writes_nothing
     pg_side, sa_side = sides
     before = snapshot(pg_side.engine), snapshot(sa_side.engine)
     with pytest.raises(awa.UniqueConflict):
-        _pg(pg_side.url, lambda c: c.retry(job_id))
+        pg_call(pg_side.url, lambda c: c.retry(job_id))
     with sa_side.engine.connect() as conn, pytest.raises(UniqueConflict):
         awa_sa.retry_job(conn, job_id)
     assert snapshot(sa_side.engine) == before[1]

@@ -25,15 +25,14 @@ import os
 import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass
 from typing import Any
 
 import awa
 import pytest
 import sqlalchemy as sa
-from administering import change, masked, pg_call, same_job, snapshot, twins
-from conftest import QUIESCED_FLIP, awa_cli, cloned
-from runtimes import hold_leadership, pg_url
+from administering import Twin, change, masked, pg_call, same_job, snapshot, twin, twins
+from conftest import QUIESCED_FLIP, awa_cli
+from runtimes import pg_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import awa_sa
@@ -61,10 +60,7 @@ FAILING: tuple[tuple[str, str, int, dict[str, Any]], ...] = (
 )
 
 
-@dataclass
-class Side:
-    url: str
-    engine: sa.Engine
+Side = Twin
 
 
 async def _start(side: Side) -> None:
@@ -114,13 +110,7 @@ def sides(
     with ExitStack() as stack:
         made = []
         for _ in range(2):
-            url = stack.enter_context(cloned(pg, awa_databases, real_template))
-            side = Side(url, sa.create_engine(url))
-            stack.callback(side.engine.dispose)
-            leader = hold_leadership(side.engine)
-            stack.callback(leader.close)
-            with side.engine.begin() as conn:
-                conn.execute(sa.text("CREATE TABLE public.business (note text)"))
+            side = twin(stack, pg, awa_databases, real_template)
             asyncio.run(_start(side))
             with side.engine.connect() as conn:
                 assert (
@@ -149,15 +139,8 @@ def test_cancel_of_a_deferred_job_writes_what_awa_pg_writes(
     assert change(before[1], snapshot(sa_side.engine)) == change(
         before[0], snapshot(pg_side.engine)
     )
-    assert (got_sa.id, got_sa.kind, got_sa.queue, got_sa.attempt, got_sa.args) == (
-        got_pg.id,
-        got_pg.kind,
-        got_pg.queue,
-        got_pg.attempt,
-        got_pg.args,
-    )
+    same_job(got_sa, got_pg)
     assert (got_sa.state, got_sa.storage) == ("cancelled", "awa")
-    assert (got_sa.tags, got_sa.metadata) == (got_pg.tags, got_pg.metadata)
     with sa_side.engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM public.business")).scalar_one() >= 1
 

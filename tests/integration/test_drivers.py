@@ -869,6 +869,9 @@ def _last_resort(engine: sa.Engine, *keys: bytes) -> list[int]:
         return jobs
 
 
+# On the real cluster only: the boundaries are awa-sa's statements, the same on both kinds, and
+# the fixture's routing functions are the real ones byte for byte (test_catalog_parity.py).
+@pytest.mark.parametrize("cluster", ["real"], indirect=True)
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_killed_at_every_statement_boundary(driver: str, cluster: Cluster) -> None:
     """The connection dies before or after each statement of the longest path (Engine form):

@@ -216,6 +216,9 @@ def _running(engine: sa.Engine, job_id: int) -> bool:
         return found.first() is not None
 
 
+# On the real cluster only, as test_drivers.py's kills: the boundaries are awa-sa's statements,
+# and the fixture's routing functions are the real ones byte for byte (test_catalog_parity.py).
+@pytest.mark.parametrize("cluster", ["real"], indirect=True)
 def test_backend_killed_at_every_statement_boundary(cluster: Cluster) -> None:
     """Canonical path, then (routing flipped to ``awa_qs``) migrated and last-resort paths."""
     engine = cluster.engine

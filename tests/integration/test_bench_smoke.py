@@ -1,4 +1,4 @@
-"""``python -m bench`` still runs, every part but the batch sizes, at the smallest settings.
+"""``python -m bench`` still runs, every part but the batch sizes and ``pooled``, at its smallest.
 
 The benchmark is not timed here (timings are the bench's business, not the suite's): this only
 keeps it working as the code under it changes, so that ``./dev bench`` is there when asked.
@@ -25,12 +25,16 @@ pytestmark = pytest.mark.slow  # the whole benchmark, about 20 s at its smallest
 ROOT = Path(__file__).resolve().parents[2]
 PARTS = (
     *("single", "breakdown", "layers", "distance", "server"),
-    *("callers", "routing", "endings", "receipts"),
+    *("callers", "routing", "endings", "receipts", "enqueue", "administer"),
 )
+"""Every part but ``pooled`` (the bench's own, timed): the optional ``enqueue`` and
+``administer`` too, in the same run, so that the bench starts and builds its server once."""
 SMALLEST = (
     *("--single-rounds", "2", "--rounds", "2", "--per-round", "2", "--warmup", "2"),
     *("--far-rounds", "1", "--far-per-round", "2", "--server-calls", "5"),
     *("--callers-seconds", "0.2", "--callers-rounds", "1"),
+    *("--enqueue-size", "5", "--enqueue-rounds", "1"),
+    *("--administer-size", "5", "--administer-rounds", "1"),
     *("--only", ",".join(PARTS)),
 )
 
@@ -65,9 +69,14 @@ ONE_EXCHANGE_PER_STATEMENT = ("psycopg", "psycopg async", "psycopg2", "asyncpg")
 
 
 @pytest.fixture(scope="module")
-def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """One run of the bench, read by every test of the module."""
-    return _bench(tmp_path_factory.mktemp("bench"), *SMALLEST)[0]
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
+    """One run of the bench, read by every test of the module: what it wrote and printed."""
+    return _bench(tmp_path_factory.mktemp("bench"), *SMALLEST)
+
+
+@pytest.fixture(scope="module")
+def written(run: tuple[dict[str, Any], str]) -> dict[str, Any]:
+    return run[0]
 
 
 def _bench(directory: Path, *args: str) -> tuple[dict[str, Any], str]:
@@ -219,14 +228,12 @@ def test_one_core_pins_the_bench_and_its_server(tmp_path: Path) -> None:
 
 
 def test_the_enqueue_part_compares_one_job_with_the_raw_statement_and_bulk_ways(
-    tmp_path: Path,
+    run: tuple[dict[str, Any], str],
 ) -> None:
-    """``--only enqueue`` (optional, so not in the shared run): every variant on both planes,
-    the round trips per call at the proxy and the statements per bulk way at the server, which
-    do not depend on timing, and each ratio the issue names, printed with its target."""
-    tiny = ("--single-rounds", "1", "--rounds", "1", "--per-round", "2", "--warmup", "2")
-    sizes = ("--enqueue-size", "5", "--enqueue-rounds", "1", "--only", "enqueue")
-    written, printed = _bench(tmp_path, *tiny, *sizes)
+    """Part ``enqueue``: every variant on both planes, the round trips per call at the proxy
+    and the statements per bulk way at the server, which do not depend on timing, and each
+    ratio the issue names, printed with its target."""
+    written, printed = run
     part = written["enqueue"]
     forms = {"floor": 1.0, "in-transaction floor": 1.0, "awa-sa Engine": 3.0}
     forms["awa-sa Connection"] = 1.0  # the Engine form's BEGIN and COMMIT are its own
@@ -268,12 +275,13 @@ AWA_PG_STATEMENTS = {
 statements a job, 64 and 66 for the retry and 8 and 10 for the discard)."""
 
 
-def test_the_administer_part_counts_each_bulk_verbs_statements(tmp_path: Path) -> None:
-    """``--only administer`` (optional): on both planes, each bulk verb by awa-sa and by awa-pg
-    on its own copy of the same five jobs a real worker failed; the jobs each reported and the
-    statements each sent, which do not depend on timing, and each ratio printed."""
-    sizes = ("--administer-size", "5", "--administer-rounds", "1", "--only", "administer")
-    written, printed = _bench(tmp_path, *sizes)
+def test_the_administer_part_counts_each_bulk_verbs_statements(
+    run: tuple[dict[str, Any], str],
+) -> None:
+    """Part ``administer``: on both planes, each bulk verb by awa-sa and by awa-pg on its own
+    copy of the same five jobs a real worker failed; the jobs each reported and the statements
+    each sent, which do not depend on timing, and each ratio printed."""
+    written, printed = run
     planes = written["administer"]["planes"]
     counted = {
         plane: {

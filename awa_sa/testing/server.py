@@ -28,11 +28,15 @@ from pathlib import Path
 from awa_sa.testing.bindir import find_bindir
 from awa_sa.testing.errors import EmbeddedPostgresError
 
-# Durability is worthless for a database that is deleted afterwards; speed is not.
+# Durability is worthless for a database that is deleted afterwards; speed is not. Nor is JIT:
+# a fresh cluster's partitions have no statistics, so PostgreSQL estimates a queue-storage read
+# (awa-sa's listing, the runtime's own maintenance) costly enough to JIT-compile it, some 0.3-1 s
+# of a test's CPU each time for a plan that reads a few rows.
 _FAST_SETTINGS = (
     "fsync=off",
     "synchronous_commit=off",
     "full_page_writes=off",
+    "jit=off",
     "max_connections=200",
     "shared_buffers=128MB",
 )

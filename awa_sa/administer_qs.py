@@ -20,6 +20,11 @@ from awa_sa.errors import QueueStorageJobs, UniqueConflict
 from awa_sa.queue_storage import translate_map
 from awa_sa.statements.admin_canonical import JobRow
 from awa_sa.statements.admin_qs_discard import discard_failed_qs, discard_targets
+from awa_sa.statements.admin_qs_lease import (
+    lease_claims_retried,
+    resumed_targets,
+    retry_done_resuming,
+)
 from awa_sa.statements.admin_qs_retry import (
     By,
     failed_matched,
@@ -47,11 +52,11 @@ def retried(
         resumed = retried_lease(conn, schema, binds["b_job_id"])
         if resumed is not None:
             return [resumed], 1, None
+        waits: list[Any] = []
+    else:  # so does its bulk retry, for each matched job that waits, its failed row kept
+        found = conn.execute(resumed_targets(by=by), binds, execution_options=options)
+        waits = list(found.all())
     targets = conn.execute(retry_targets(by=by), binds, execution_options=options).all()
-    waiting = [t.job_id for t in targets if t.waits]
-    if waiting:
-        why = f"job {waiting[0]} also waits on a callback (a leases row): retry it by its id"
-        raise QueueStorageJobs(verb, schema, why)
     matched, pruned = len(targets), None
     if by != "job":
         counted = conn.execute(failed_matched(by=by), binds, execution_options=options).scalar()
@@ -59,27 +64,40 @@ def retried(
     if by == "queue":
         summed = conn.execute(pruned_failed(), binds, execution_options=options).scalar()
         pruned = int(summed or 0)
-    if not targets:
+    if not targets and not waits:
         return [], matched, pruned
-    queues = sorted({t.queue for t in targets})
+    queues = sorted({t.queue for t in (*targets, *waits)})
     sharded = conn.execute(sharded_queues(), {"b_queues": queues}).scalars().first()
     if sharded is not None:
         why = f"queue {sharded!r} has more than one enqueue shard (awa-pg's pick is its own)"
         raise QueueStorageJobs(verb, schema, why)
     ids = [int(t.job_id) for t in targets]
-    leases = {"b_job_id": ids, "b_run_lease": [int(t.run_lease) for t in targets]}
-    conn.execute(receipt_lock(batch=True), leases)
-    claims = conn.execute(retry_claims(), {"b_job_ids": ids}, execution_options=options).one()
-    if claims.taken < claims.wanted:
-        raise UniqueConflict("idx_awa_jobs_unique", "a retried job's unique key is held")
-    ring = ready_ring(conn, schema, [(t.queue, t.priority) for t in targets])
+    lease_ids = [int(w.job_id) for w in waits]
+    if ids:
+        leases = {"b_job_id": ids, "b_run_lease": [int(t.run_lease) for t in targets]}
+        conn.execute(receipt_lock(batch=True), leases)
+        _claim(conn, retry_claims(), ids, options)
+    if lease_ids:
+        _claim(conn, lease_claims_retried(), lease_ids, options)
+    ring = ready_ring(conn, schema, [(t.queue, t.priority) for t in (*targets, *waits)])
     at_ring = {
         "b_job_ids": ids,
         "b_ready_slot": ring.current_slot,
         "b_ready_generation": ring.generation,
     }
-    rows = conn.execute(retry_done(), at_ring, execution_options=options).all()
+    if lease_ids:
+        at_ring["b_lease_ids"] = lease_ids
+    written = retry_done_resuming() if lease_ids else retry_done()
+    rows = conn.execute(written, at_ring, execution_options=options).all()
     return [JobRow(**ready_job_fields(row), storage=schema) for row in rows], matched, pruned
+
+
+def _claim(conn: Connection, claims: Any, ids: list[int], options: Mapping[str, Any]) -> None:
+    """The claims of the jobs *ids* as they become available; a key another job holds
+    raises, as awa-pg's retry does."""
+    moved = conn.execute(claims, {"b_job_ids": ids}, execution_options=options).one()
+    if moved.taken < moved.wanted:
+        raise UniqueConflict("idx_awa_jobs_unique", "a retried job's unique key is held")
 
 
 def discarded(conn: Connection, schema: str, kind: str) -> int:

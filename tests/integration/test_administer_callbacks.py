@@ -19,6 +19,7 @@ each twin: told once, and its completion changes nothing.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ from awa_sa.testing.server import EmbeddedPostgres
 pytestmark = pytest.mark.slow  # real awa-pg runtimes
 
 SCHEMAS = ("awa",)
-CHANNELS = ("awa:cancel", "awa:cb_q", "awa:cbc_q")
+CHANNELS = ("awa:cancel", "awa:cb_q", "awa:cbc_q", "awa:rf_q")
 WAITING: tuple[dict[str, Any], ...] = (
     # The options of each job, enqueued and parked in this order: ids 1 to 10.
     {"unique_opts": {"by_args": True}, "tags": ["t"], "metadata": {"m": 1}},
@@ -189,6 +190,110 @@ def test_retry_of_a_callback_wait_writes_what_awa_pg_writes(parked: Twins, job_i
     if job_id == RETRY_PROGRESS:
         assert got_sa.progress is not None
         assert "awa.attempt_state" in changed
+
+
+async def _fail_then_park(url: str, engine: sa.Engine) -> list[int]:
+    """Two jobs of kind ``resumes`` failed by a real worker (max_attempts 1), then the first
+    retried by awa-pg's ``Client.retry`` and parked on a callback by the same worker's handler;
+    its failed row is then put back as it was (the one step by hand: no path of awa-pg 0.6.9
+    that ran here leaves a job both failed and waiting, docs/contract.md#administer)."""
+    client = awa.AsyncClient(pg_url(url))
+    seen: set[int] = set()
+
+    async def resumes(job: Any) -> Any:
+        if job.id not in seen:
+            seen.add(job.id)
+            raise RuntimeError("fails for good")
+        token = await job.register_callback(timeout_seconds=3600)
+        return awa.WaitForCallback(token)
+
+    def count(sql: str, job_id: int) -> int:
+        return len(rows(engine, sql, i=job_id))
+
+    async def until(sql: str, job_id: int) -> None:
+        for _ in range(1200):
+            if await asyncio.to_thread(count, sql, job_id):
+                return
+            await asyncio.sleep(0.05)  # the worker's own pace: no lock to watch here
+        raise AssertionError(f"job {job_id}: {sql} found nothing within 60 s")
+
+    failed = "SELECT 1 FROM awa.done_entries WHERE job_id = :i AND state = 'failed'"
+    client.task(dict, kind="resumes", queue="rf_q")(resumes)
+    await client.start(
+        [{"name": "rf_q", "max_workers": 1}],
+        promote_interval_ms=600_000,
+        heartbeat_interval_ms=600_000,
+    )
+    try:
+        ids = []
+        made: tuple[dict[str, Any], ...] = ({"unique_opts": {"by_args": True}, "tags": ["r"]}, {})
+        for n, options in enumerate(made):
+            job = await client.insert(
+                {"r": n}, kind="resumes", queue="rf_q", max_attempts=1, **options
+            )
+            await until(failed, job.id)
+            ids.append(job.id)
+        (row,) = await asyncio.to_thread(
+            rows,
+            engine,
+            "SELECT to_jsonb(d) AS d FROM awa.done_entries d WHERE job_id = :i",
+            i=ids[0],
+        )
+        await client.retry(ids[0])
+        await until(
+            "SELECT 1 FROM awa.leases WHERE job_id = :i AND state = 'waiting_external'", ids[0]
+        )
+    finally:
+        await client.shutdown()
+        await client.close()
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO awa.done_entries SELECT (jsonb_populate_record("
+                "NULL::awa.done_entries, CAST(:d AS jsonb))).*"
+            ),
+            {"d": json.dumps(row["d"])},
+        )
+    return ids
+
+
+@pytest.fixture(scope="module")
+def resumable(parked: Twins) -> list[int]:
+    """On both twins: a job both failed and waiting on a callback, and a failed one."""
+    pairs = zip(parked.urls, parked.engines, strict=True)
+    made = [asyncio.run(_fail_then_park(url, engine)) for url, engine in pairs]
+    assert made[0] == made[1]
+    return made[0]
+
+
+def test_retry_failed_resumes_a_failed_jobs_callback_wait_as_awa_pg(
+    parked: Twins, resumable: list[int]
+) -> None:
+    """awa-pg's bulk retry resumes the wait of the job that also waits (its failed row stays)
+    and retries the other's failed row, numbering both on the lane in id order. A rolled back
+    call first, on both twins: every row as it was, the lane's gap alone left."""
+    for engine in parked.engines:
+        before = snapshot(engine, SCHEMAS)
+        with engine.connect() as conn:
+            got = awa_sa.retry_failed(conn, kind="resumes")
+            assert [j.id for j in got.jobs] == resumable
+            conn.rollback()
+        assert list(change(before, snapshot(engine, SCHEMAS))) == ["sequences"]
+    got_pg, got_sa, changed, notes = _twins(
+        parked,
+        lambda c: c.retry_failed(kind="resumes"),
+        lambda conn: awa_sa.retry_failed(conn, kind="resumes"),
+    )
+    assert (got_sa.matched, got_sa.pruned_failed_count) == (got_pg.matched, None) == (2, None)
+    assert [j.id for j in got_sa.jobs] == sorted(j.id for j in got_pg.jobs) == resumable
+    for sa_job, pg_job in zip(got_sa.jobs, sorted(got_pg.jobs, key=lambda j: j.id), strict=True):
+        same_job(sa_job, pg_job)
+        assert (sa_job.state, sa_job.attempt) == ("available", 0)
+    assert set(changed) >= RETRIED | CLOSED | {"awa.done_entries"}, sorted(changed)
+    assert notes == [("awa:rf_q", "")]
+    for engine in parked.engines:  # the waiting job's failed row stays, the other's is gone
+        left = rows(engine, "SELECT job_id FROM awa.done_entries WHERE kind = 'resumes'")
+        assert left == [{"job_id": resumable[0]}]
 
 
 def test_a_rolled_back_cancel_or_retry_leaves_the_wait_as_it_was(parked: Twins) -> None:

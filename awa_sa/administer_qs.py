@@ -48,19 +48,18 @@ def retried(
     failed rows already pruned (awa-pg's ``pruned_failed_count``)."""
     options = {"schema_translate_map": translate_map(schema)}
     verb = VERBS[by]
+    waits: list[Any] = []
     if by == "job":  # awa-pg resumes a callback wait first
         resumed = retried_lease(conn, schema, binds["b_job_id"])
         if resumed is not None:
             return [resumed], 1, None
-        waits: list[Any] = []
-    else:  # so does its bulk retry, for each matched job that waits, its failed row kept
-        found = conn.execute(resumed_targets(by=by), binds, execution_options=options)
-        waits = list(found.all())
+    else:
+        counted = conn.execute(failed_matched(by=by), binds, execution_options=options).one()
+        if counted.waiting:  # so does its bulk retry, each such job's failed row kept
+            found = conn.execute(resumed_targets(by=by), binds, execution_options=options)
+            waits = list(found.all())
     targets = conn.execute(retry_targets(by=by), binds, execution_options=options).all()
-    matched, pruned = len(targets), None
-    if by != "job":
-        counted = conn.execute(failed_matched(by=by), binds, execution_options=options).scalar()
-        matched = int(counted or 0)
+    matched, pruned = len(targets) if by == "job" else int(counted.matched), None
     if by == "queue":
         summed = conn.execute(pruned_failed(), binds, execution_options=options).scalar()
         pruned = int(summed or 0)

@@ -122,9 +122,15 @@ def failed_jobs(by: Literal["kind", "queue"]) -> Select[Any]:
 
 @statement
 def failed_matched(*, by: Literal["kind", "queue"]) -> Select[Any]:
-    """awa-pg's ``matched``: the distinct jobs with a failed row of the kind or queue."""
+    """awa-pg's ``matched``: the distinct jobs with a failed row of the kind or queue; and how
+    many of them also wait on a callback (awa-pg's retry resumes those waits)."""
     d = qs.done_entries.c
-    return select(func.count(d.job_id.distinct()).label("matched")).where(_failed_of(by))
+    waits = exists().where(
+        qs.leases.c.job_id == d.job_id, qs.leases.c.state == state("waiting_external")
+    )
+    jobs: ColumnElement[Any] = func.count(d.job_id.distinct())
+    waiting: ColumnElement[Any] = func.count(d.job_id.distinct()).filter(waits)
+    return select(jobs.label("matched"), waiting.label("waiting")).where(_failed_of(by))
 
 
 @statement

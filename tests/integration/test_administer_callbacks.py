@@ -10,10 +10,12 @@ A side session holds the maintenance-leader lock, so no callback-timeout rescue 
 Each verb runs by awa-pg's ``AsyncClient`` on one twin and by awa-sa, in a caller's
 transaction that also commits a business row, on the other (:mod:`administering`): every row
 of every table of schema ``awa`` and every sequence changed alike, the same NOTIFYs. A rolled
-back cancel leaves every row as it was, a rolled back retry all but its lane's gap. A cancel
-raced with awa-pg's ``complete_external`` (held locks, both orders) ends the wait once. Last, a
-handler that registered a callback and keeps running is cancelled beside its live worker on
-each twin: told once, and its completion changes nothing.
+back cancel leaves every row as it was, a rolled back retry all but its lane's gap. Then a job
+both failed and waiting (made by a real worker and awa-pg's ``retry``, its failed row put back
+by hand) and a failed one: ``retry_failed`` resumes the first's wait and retries the second, as
+awa-pg's does. A cancel raced with awa-pg's ``complete_external`` (held locks, both orders)
+ends the wait once. Last, a handler that registered a callback and keeps running is cancelled
+beside its live worker on each twin: told once, and its completion changes nothing.
 """
 
 from __future__ import annotations

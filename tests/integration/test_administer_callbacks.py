@@ -194,13 +194,15 @@ def test_retry_of_a_callback_wait_writes_what_awa_pg_writes(parked: Twins, job_i
         assert "awa.attempt_state" in changed
 
 
-async def _fail_then_park(url: str, engine: sa.Engine) -> list[int]:
+async def _fail_then_park(url: str, engine: sa.Engine, again: tuple[int, ...] = ()) -> list[int]:
     """Two jobs of kind ``resumes`` failed by a real worker (max_attempts 1), then the first
     retried by awa-pg's ``Client.retry`` and parked on a callback by the same worker's handler;
     its failed row is then put back as it was (the one step by hand: no path of awa-pg 0.6.9
-    that ran here leaves a job both failed and waiting, docs/contract.md#administer)."""
+    that ran here leaves a job both failed and waiting, docs/contract.md#administer). With
+    *again*, those jobs, made available by a retry, are parked by the worker's handler."""
     client = awa.AsyncClient(pg_url(url))
-    seen: set[int] = set()
+    seen: set[int] = set(again)
+    waiting = "SELECT 1 FROM awa.leases WHERE job_id = :i AND state = 'waiting_external'"
 
     async def resumes(job: Any) -> Any:
         if job.id not in seen:
@@ -227,6 +229,10 @@ async def _fail_then_park(url: str, engine: sa.Engine) -> list[int]:
         heartbeat_interval_ms=600_000,
     )
     try:
+        for job_id in again:
+            await until(waiting, job_id)
+        if again:
+            return list(again)
         ids = []
         made: tuple[dict[str, Any], ...] = ({"unique_opts": {"by_args": True}, "tags": ["r"]}, {})
         for n, options in enumerate(made):
@@ -242,9 +248,7 @@ async def _fail_then_park(url: str, engine: sa.Engine) -> list[int]:
             i=ids[0],
         )
         await client.retry(ids[0])
-        await until(
-            "SELECT 1 FROM awa.leases WHERE job_id = :i AND state = 'waiting_external'", ids[0]
-        )
+        await until(waiting, ids[0])
     finally:
         await client.shutdown()
         await client.close()
@@ -296,6 +300,28 @@ def test_retry_failed_resumes_a_failed_jobs_callback_wait_as_awa_pg(
     for engine in parked.engines:  # the waiting job's failed row stays, the other's is gone
         left = rows(engine, "SELECT job_id FROM awa.done_entries WHERE kind = 'resumes'")
         assert left == [{"job_id": resumable[0]}]
+
+
+def test_the_kept_failed_row_is_matched_again_once_the_job_waits_again(
+    parked: Twins, resumable: list[int]
+) -> None:
+    """After the bulk retry above, the worker parks both jobs again: the first is again both
+    failed and waiting, now with nothing done by hand, and a retry by queue resumes its wait
+    alone (the second's failed row is gone), with the queue's pruned count, as awa-pg's."""
+    for url, engine in zip(parked.urls, parked.engines, strict=True):
+        asyncio.run(_fail_then_park(url, engine, tuple(resumable)))
+    got_pg, got_sa, changed, notes = _twins(
+        parked,
+        lambda c: c.retry_failed(queue="rf_q"),
+        lambda conn: awa_sa.retry_failed(conn, queue="rf_q"),
+    )
+    assert (got_sa.matched, got_sa.pruned_failed_count) == (got_pg.matched, 0) == (1, 0)
+    ((sa_job,), (pg_job,)) = got_sa.jobs, got_pg.jobs
+    same_job(sa_job, pg_job)
+    assert sa_job.id == resumable[0]
+    assert set(changed) >= RETRIED | CLOSED, sorted(changed)
+    assert "awa.done_entries" not in changed
+    assert notes == [("awa:rf_q", "")]
 
 
 def test_a_rolled_back_cancel_or_retry_leaves_the_wait_as_it_was(parked: Twins) -> None:

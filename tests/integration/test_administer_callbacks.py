@@ -13,7 +13,8 @@ of every table of schema ``awa`` and every sequence changed alike, the same NOTI
 back cancel leaves every row as it was, a rolled back retry all but its lane's gap. Then a job
 both failed and waiting (made by a real worker and awa-pg's ``retry``, its failed row put back
 by hand) and a failed one: ``retry_failed`` resumes the first's wait and retries the second, as
-awa-pg's does. A cancel raced with awa-pg's ``complete_external`` (held locks, both orders)
+awa-pg's does; parked again by the worker, the first is matched again by queue, with nothing
+done by hand. A cancel raced with awa-pg's ``complete_external`` (held locks, both orders)
 ends the wait once. Last, a handler that registered a callback and keeps running is cancelled
 beside its live worker on each twin: told once, and its completion changes nothing.
 """

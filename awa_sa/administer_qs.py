@@ -3,7 +3,9 @@
 The flow of :mod:`awa_sa.statements.admin_qs_retry` and :mod:`~awa_sa.statements.admin_qs_discard`
 (docs/administer.md): refusals first, while nothing is written, then the receipts' advisory
 locks, the claims, each lane ensured as awa-pg ensures it (:mod:`awa_sa.statements.duplicate`'s
-steps), the ring cursor, and one statement that writes every job. The lane's enqueue sequence
+steps), the ring cursor, and one statement that writes every job; a matched job that also
+waits on a callback has that wait retried in the same statement, as awa-pg's bulk retry does
+(:func:`~awa_sa.statements.admin_qs_lease.retry_done_resuming`). The lane's enqueue sequence
 advances outside the transaction, as awa-pg's and Awa's own SQL producer's do: a rollback
 leaves a gap in the lane, which the claim side steps over (docs/contract.md#administer).
 """

@@ -12,7 +12,9 @@ appends its ``+1`` terminal delta, releases the unique claim where the mask clai
 state and does not claim ``cancelled``, and sends the ``awa:cancel`` NOTIFY; the retry
 enqueues the job again as a failed job's retry does
 (:func:`~awa_sa.statements.admin_qs_retry.enqueued_again`), after its claim
-(:func:`lease_claims_retried`). Observed on a real cluster and compared (docs/administer.md).
+(:func:`lease_claims_retried`). awa-pg's bulk retry of failed jobs retries each matched job's
+wait this way, where it has one, and leaves that job's failed row (:func:`resumed_targets`,
+:func:`retry_done_resuming`). Observed on a real cluster and compared (docs/administer.md).
 """
 
 from __future__ import annotations

@@ -12,7 +12,9 @@ appends its ``+1`` terminal delta, releases the unique claim where the mask clai
 state and does not claim ``cancelled``, and sends the ``awa:cancel`` NOTIFY; the retry
 enqueues the job again as a failed job's retry does
 (:func:`~awa_sa.statements.admin_qs_retry.enqueued_again`), after its claim
-(:func:`lease_claims_retried`). Observed on a real cluster and compared (docs/administer.md).
+(:func:`lease_claims_retried`). awa-pg's bulk retry of failed jobs retries each matched job's
+wait this way, where it has one, and leaves that job's failed row (:func:`resumed_targets`,
+:func:`retry_done_resuming`). Observed on a real cluster and compared (docs/administer.md).
 """
 
 from __future__ import annotations
@@ -41,12 +43,19 @@ from sqlalchemy import (
     or_,
     select,
     true,
+    union_all,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, INT8MULTIRANGE, JSONB, aggregate_order_by
 
 from awa_sa import queue_storage as qs
 from awa_sa.statements.admin_canonical import cancel_notice
-from awa_sa.statements.admin_qs_retry import claims_moved, close_removed_receipts, enqueued_again
+from awa_sa.statements.admin_qs_retry import (
+    claims_moved,
+    close_removed_receipts,
+    enqueued_again,
+    failed_jobs,
+    failed_removed,
+)
 from awa_sa.statements.duplicate import insert_terminal_delta
 from awa_sa.statements.receipt_targets import json_key, text_literal
 from awa_sa.statements.receipt_writes import claims_in, insert_rows
@@ -61,7 +70,7 @@ _LANE = ("ready_slot", "ready_generation", "queue", "enqueue_shard", "lane_seq",
 _NULL_JSON = cast(text_literal("null"), JSONB)
 
 
-def _receipts_closed(gone: CTE) -> list[CTE]:
+def _receipts_closed(gone: CTE, prefix: str = "") -> list[CTE]:
     """The deleted lease's receipt closed as ``rescue``, as awa-pg closes the receipt of every
     lease it deletes: a ``lease_claims`` row (closure and ``closed_at``), or a compact one (a
     closure batch per claim batch, unless some closure already names it)."""
@@ -95,7 +104,7 @@ def _receipts_closed(gone: CTE) -> list[CTE]:
                 ranges.c.receipt_ranges.op("@>", return_type=Boolean)(i.receipt_id),
             ),
         )
-        .cte("batch_claims")
+        .cte(f"{prefix}batch_claims")
     )
     o = open_items.c
     ordered = o.receipt_id.asc()
@@ -125,15 +134,19 @@ def _receipts_closed(gone: CTE) -> list[CTE]:
             ).group_by(o.claim_slot, o.ready_slot, o.ready_generation),
         )
         .returning(ranges.c.claim_slot)
-        .cte("inserted_batches")
+        .cte(f"{prefix}inserted_batches")
     )
-    return [close_removed_receipts(gone, "rescue"), closed]
+    return [close_removed_receipts(gone, "rescue", prefix=prefix), closed]
 
 
-def _leased(verb: Verb, table: Any = qs.leases) -> ColumnElement[bool]:
+def _leased(verb: Verb, table: Any = qs.leases, *, many: bool = False) -> ColumnElement[bool]:
+    """The job's lease in a state *verb* takes; with *many*, the leases of ``b_lease_ids``."""
     lease = table.c
-    job_id = bindparam("b_job_id", type_=BigInteger)
-    return and_(lease.job_id == job_id, lease.state.in_([state(s) for s in HELD[verb]]))
+    if many:
+        chosen = lease.job_id == func.any(bindparam("b_lease_ids", type_=ARRAY(BigInteger)))
+    else:
+        chosen = lease.job_id == bindparam("b_job_id", type_=BigInteger)
+    return and_(chosen, lease.state.in_([state(s) for s in HELD[verb]]))
 
 
 def _ready_of(lease: Any) -> ColumnElement[bool]:
@@ -180,10 +193,11 @@ def runtime_payload(payload: Any, progress: Any) -> ColumnElement[Any]:
     )
 
 
-def _hydrated(verb: Verb) -> tuple[CTE, CTE]:
+def _hydrated(verb: Verb, *, many: bool = False) -> tuple[CTE, CTE]:
     """The lease deleted (``gone``) and the job read back from its ready row, its
     ``attempt_state`` row deleted (``hydrated``), as awa-pg hydrates a deleted lease."""
-    gone = delete(qs.leases).where(_leased(verb)).returning(*qs.leases.c).cte("gone")
+    leased = _leased(verb, many=many)
+    gone = delete(qs.leases).where(leased).returning(*qs.leases.c).cte("gone")
     attempt = qs.attempt_state
     flushed = (
         delete(attempt)
@@ -303,3 +317,50 @@ def retry_lease() -> Select[Any]:
     enqueued, enqueuing, told = enqueued_again(h)
     answer = select(*enqueued.c, told.label("told"))
     return answer.add_cte(*_receipts_closed(gone), *enqueuing)
+
+
+@statement
+def resumed_targets(*, by: Literal["kind", "queue"]) -> Select[Any]:
+    """Lock the callback waits of the jobs with a failed row of kind or queue ``b_key``
+    (``FOR UPDATE``, as awa-pg's ``DELETE`` of each waits): their ids and lanes. awa-pg's bulk
+    retry retries such a job's wait, not its failed row (:func:`retry_done_resuming`)."""
+    lease = qs.leases.alias("lease")  # FOR UPDATE OF names it unqualified
+    return (
+        select(lease.c.job_id, lease.c.run_lease, lease.c.queue, lease.c.priority)
+        .where(
+            lease.c.job_id.in_(failed_jobs(by)),
+            lease.c.state == state("waiting_external"),
+        )
+        .order_by(lease.c.job_id)
+        .with_for_update(of=lease)
+    )
+
+
+@statement
+def retry_done_resuming() -> Select[Any]:
+    """:func:`~awa_sa.statements.admin_qs_retry.retry_done` for the failed rows of
+    ``b_job_ids``, and :func:`retry_lease` for the callback waits of ``b_lease_ids`` (their
+    failed rows left as they are, as awa-pg leaves them), every job enqueued again in one id
+    order, as awa-pg's job-by-job loop numbers them; answers the new ready rows by id."""
+    removed, effects = failed_removed()
+    gone, h = _hydrated("retry", many=True)
+    carried = (
+        "job_id",
+        "kind",
+        "queue",
+        "args",
+        "priority",
+        "run_lease",
+        "max_attempts",
+        "created_at",
+        "unique_key",
+        "unique_states",
+        "payload",
+    )
+    both = union_all(
+        select(*(removed.c[name] for name in carried)),
+        select(*(h.c[name] for name in carried)),
+    ).cte("retried")
+    enqueued, enqueuing, told = enqueued_again(both)
+    answer = select(*enqueued.c, told.label("told")).order_by(enqueued.c.job_id)
+    return answer.add_cte(*effects, *_receipts_closed(gone, "lease_"), *enqueuing)

@@ -92,37 +92,45 @@ def _failed_of(by: By) -> ColumnElement[bool]:
 @statement
 def retry_targets(*, by: By) -> Select[Any]:
     """Lock each job's newest failed or cancelled row (skipping locked ones, as awa-pg does):
-    its id, run lease and lane, and whether the job also waits on a callback (a ``leases``
-    row, which awa-pg's retry resumes instead and awa-sa refuses)."""
+    its id, run lease and lane. A job that also waits on a callback (a ``leases`` row) is left
+    out: awa-pg's retry resumes the wait instead and leaves that row alone
+    (:func:`~awa_sa.statements.admin_qs_lease.resumed_targets`)."""
     done = qs.done_entries.alias("target")
     d = done.c
     if by == "job":
         chosen: ColumnElement[bool] = d.job_id == bindparam("b_job_id", type_=BigInteger)
     else:
-        picked = qs.done_entries.alias("picked")
-        chosen = d.job_id.in_(select(picked.c.job_id).where(_failed_of_alias(picked, by)))
+        chosen = d.job_id.in_(failed_jobs(by))
     waits = exists().where(
         qs.leases.c.job_id == d.job_id, qs.leases.c.state == state("waiting_external")
     )
     return (
-        select(d.job_id, d.run_lease, d.queue, d.priority, waits.label("waits"))
-        .where(chosen, d.state.in_([state(s) for s in RETRIABLE]), _newest(done))
+        select(d.job_id, d.run_lease, d.queue, d.priority)
+        .where(chosen, d.state.in_([state(s) for s in RETRIABLE]), _newest(done), ~waits)
         .order_by(d.job_id)
         .with_for_update(of=done, skip_locked=True)
     )
 
 
-def _failed_of_alias(picked: Any, by: By) -> ColumnElement[bool]:
+def failed_jobs(by: Literal["kind", "queue"]) -> Select[Any]:
+    """The ids of the jobs with a failed row of kind or queue ``b_key``: awa-pg's scan."""
+    picked = qs.done_entries.alias("picked")
     key = bindparam("b_key", type_=Text)
     column_ = picked.c.kind if by == "kind" else picked.c.queue
-    return and_(column_ == key, picked.c.state == state("failed"))
+    return select(picked.c.job_id).where(column_ == key, picked.c.state == state("failed"))
 
 
 @statement
 def failed_matched(*, by: Literal["kind", "queue"]) -> Select[Any]:
-    """awa-pg's ``matched``: the distinct jobs with a failed row of the kind or queue."""
+    """awa-pg's ``matched``: the distinct jobs with a failed row of the kind or queue; and how
+    many of them also wait on a callback (awa-pg's retry resumes those waits)."""
     d = qs.done_entries.c
-    return select(func.count(d.job_id.distinct()).label("matched")).where(_failed_of(by))
+    waits = exists().where(
+        qs.leases.c.job_id == d.job_id, qs.leases.c.state == state("waiting_external")
+    )
+    jobs: ColumnElement[Any] = func.count(d.job_id.distinct())
+    waiting: ColumnElement[Any] = func.count(d.job_id.distinct()).filter(waits)
+    return select(jobs.label("matched"), waiting.label("waiting")).where(_failed_of(by))
 
 
 @statement
@@ -221,10 +229,13 @@ def claims_moved(t: CTE, states: tuple[str, ...]) -> Select[Any]:
     )
 
 
-def close_removed_receipts(removed: Any, outcome: str = "terminal_removed") -> CTE:
+def close_removed_receipts(
+    removed: Any, outcome: str = "terminal_removed", *, prefix: str = ""
+) -> CTE:
     """Close the removed attempts' ``lease_claims`` receipts as *outcome*: a terminal row
     removed (``terminal_removed``), or a lease deleted (``rescue``, as awa-pg closes the
-    receipt of every lease it deletes)."""
+    receipt of every lease it deletes). *prefix* keeps its CTEs' names apart from another
+    call's in the same statement."""
     claims, closures = qs.lease_claims, qs.lease_claim_closures
     c = claims.c
     closed = (
@@ -241,7 +252,7 @@ def close_removed_receipts(removed: Any, outcome: str = "terminal_removed") -> C
         )
         .on_conflict_do_nothing(index_elements=["claim_slot", "job_id", "run_lease"])
         .returning(*closures.c)
-        .cte("closed")
+        .cte(f"{prefix}closed")
     )
     return (
         update(claims)
@@ -252,7 +263,7 @@ def close_removed_receipts(removed: Any, outcome: str = "terminal_removed") -> C
         )
         .values(closed_at=func.coalesce(c.closed_at, closed.c.closed_at))
         .returning(c.job_id)
-        .cte("marked")
+        .cte(f"{prefix}marked")
     )
 
 
@@ -281,6 +292,15 @@ def retry_done() -> Select[Any]:
     """Delete the locked rows, close their receipts, append their deltas, and enqueue each
     job again on shard 0 of its lane at the ring cursor (``b_ready_slot``, ...); answers the
     new ready rows by id."""
+    proj, effects = failed_removed()
+    enqueued, enqueuing, told = enqueued_again(proj)
+    answer = select(*enqueued.c, told.label("told")).order_by(enqueued.c.job_id)
+    return answer.add_cte(*effects, *enqueuing)
+
+
+def failed_removed() -> tuple[CTE, list[CTE]]:
+    """The locked rows of ``b_job_ids`` deleted, read with their ready columns, and the CTEs
+    that close their receipts and append their ``-1`` deltas."""
     done = qs.done_entries
     t = _targets()
     keys = select(t.c.job_id, t.c.finalized_at)
@@ -290,11 +310,8 @@ def retry_done() -> Select[Any]:
         .returning(*done.c)
         .cte("removed")
     )
-    proj = with_ready_columns(removed).cte("gone")
-    effects = [close_removed_receipts(removed), removed_deltas(removed, summed=False)]
-    enqueued, enqueuing, told = enqueued_again(proj)
-    answer = select(*enqueued.c, told.label("told")).order_by(enqueued.c.job_id)
-    return answer.add_cte(*effects, *enqueuing)
+    proj = with_ready_columns(removed).cte("removed_rows")
+    return proj, [close_removed_receipts(removed), removed_deltas(removed, summed=False)]
 
 
 def enqueued_again(proj: CTE) -> tuple[CTE, list[CTE], Any]:

@@ -10,15 +10,19 @@ A side session holds the maintenance-leader lock, so no callback-timeout rescue 
 Each verb runs by awa-pg's ``AsyncClient`` on one twin and by awa-sa, in a caller's
 transaction that also commits a business row, on the other (:mod:`administering`): every row
 of every table of schema ``awa`` and every sequence changed alike, the same NOTIFYs. A rolled
-back cancel leaves every row as it was, a rolled back retry all but its lane's gap. A cancel
-raced with awa-pg's ``complete_external`` (held locks, both orders) ends the wait once. Last, a
-handler that registered a callback and keeps running is cancelled beside its live worker on
-each twin: told once, and its completion changes nothing.
+back cancel leaves every row as it was, a rolled back retry all but its lane's gap. Then a job
+both failed and waiting (made by a real worker and awa-pg's ``retry``, its failed row put back
+by hand) and a failed one: ``retry_failed`` resumes the first's wait and retries the second, as
+awa-pg's does; parked again by the worker, the first is matched again by queue, with nothing
+done by hand. A cancel raced with awa-pg's ``complete_external`` (held locks, both orders)
+ends the wait once. Last, a handler that registered a callback and keeps running is cancelled
+beside its live worker on each twin: told once, and its completion changes nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -40,7 +44,7 @@ from awa_sa.testing.server import EmbeddedPostgres
 pytestmark = pytest.mark.slow  # real awa-pg runtimes
 
 SCHEMAS = ("awa",)
-CHANNELS = ("awa:cancel", "awa:cb_q", "awa:cbc_q")
+CHANNELS = ("awa:cancel", "awa:cb_q", "awa:cbc_q", "awa:rf_q")
 WAITING: tuple[dict[str, Any], ...] = (
     # The options of each job, enqueued and parked in this order: ids 1 to 10.
     {"unique_opts": {"by_args": True}, "tags": ["t"], "metadata": {"m": 1}},
@@ -189,6 +193,136 @@ def test_retry_of_a_callback_wait_writes_what_awa_pg_writes(parked: Twins, job_i
     if job_id == RETRY_PROGRESS:
         assert got_sa.progress is not None
         assert "awa.attempt_state" in changed
+
+
+async def _fail_then_park(url: str, engine: sa.Engine, again: tuple[int, ...] = ()) -> list[int]:
+    """Two jobs of kind ``resumes`` failed by a real worker (max_attempts 1), then the first
+    retried by awa-pg's ``Client.retry`` and parked on a callback by the same worker's handler;
+    its failed row is then put back as it was (the one step by hand: no path of awa-pg 0.6.9
+    that ran here leaves a job both failed and waiting, docs/contract.md#administer). With
+    *again*, those jobs, made available by a retry, are parked by the worker's handler."""
+    client = awa.AsyncClient(pg_url(url))
+    seen: set[int] = set(again)
+    waiting = "SELECT 1 FROM awa.leases WHERE job_id = :i AND state = 'waiting_external'"
+
+    async def resumes(job: Any) -> Any:
+        if job.id not in seen:
+            seen.add(job.id)
+            raise RuntimeError("fails for good")
+        token = await job.register_callback(timeout_seconds=3600)
+        return awa.WaitForCallback(token)
+
+    def count(sql: str, job_id: int) -> int:
+        return len(rows(engine, sql, i=job_id))
+
+    async def until(sql: str, job_id: int) -> None:
+        for _ in range(1200):
+            if await asyncio.to_thread(count, sql, job_id):
+                return
+            await asyncio.sleep(0.05)  # the worker's own pace: no lock to watch here
+        raise AssertionError(f"job {job_id}: {sql} found nothing within 60 s")
+
+    failed = "SELECT 1 FROM awa.done_entries WHERE job_id = :i AND state = 'failed'"
+    client.task(dict, kind="resumes", queue="rf_q")(resumes)
+    await client.start(
+        [{"name": "rf_q", "max_workers": 1}],
+        promote_interval_ms=600_000,
+        heartbeat_interval_ms=600_000,
+    )
+    try:
+        for job_id in again:
+            await until(waiting, job_id)
+        if again:
+            return list(again)
+        ids = []
+        made: tuple[dict[str, Any], ...] = ({"unique_opts": {"by_args": True}, "tags": ["r"]}, {})
+        for n, options in enumerate(made):
+            job = await client.insert(
+                {"r": n}, kind="resumes", queue="rf_q", max_attempts=1, **options
+            )
+            await until(failed, job.id)
+            ids.append(job.id)
+        (row,) = await asyncio.to_thread(
+            rows,
+            engine,
+            "SELECT to_jsonb(d) AS d FROM awa.done_entries d WHERE job_id = :i",
+            i=ids[0],
+        )
+        await client.retry(ids[0])
+        await until(waiting, ids[0])
+    finally:
+        await client.shutdown()
+        await client.close()
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO awa.done_entries SELECT (jsonb_populate_record("
+                "NULL::awa.done_entries, CAST(:d AS jsonb))).*"
+            ),
+            {"d": json.dumps(row["d"])},
+        )
+    return ids
+
+
+@pytest.fixture(scope="module")
+def resumable(parked: Twins) -> list[int]:
+    """On both twins: a job both failed and waiting on a callback, and a failed one."""
+    pairs = zip(parked.urls, parked.engines, strict=True)
+    made = [asyncio.run(_fail_then_park(url, engine)) for url, engine in pairs]
+    assert made[0] == made[1]
+    return made[0]
+
+
+def test_retry_failed_resumes_a_failed_jobs_callback_wait_as_awa_pg(
+    parked: Twins, resumable: list[int]
+) -> None:
+    """awa-pg's bulk retry resumes the wait of the job that also waits (its failed row stays)
+    and retries the other's failed row, numbering both on the lane in id order. A rolled back
+    call first, on both twins: every row as it was, the lane's gap alone left."""
+    for engine in parked.engines:
+        before = snapshot(engine, SCHEMAS)
+        with engine.connect() as conn:
+            got = awa_sa.retry_failed(conn, kind="resumes")
+            assert [j.id for j in got.jobs] == resumable
+            conn.rollback()
+        assert list(change(before, snapshot(engine, SCHEMAS))) == ["sequences"]
+    got_pg, got_sa, changed, notes = _twins(
+        parked,
+        lambda c: c.retry_failed(kind="resumes"),
+        lambda conn: awa_sa.retry_failed(conn, kind="resumes"),
+    )
+    assert (got_sa.matched, got_sa.pruned_failed_count) == (got_pg.matched, None) == (2, None)
+    assert [j.id for j in got_sa.jobs] == sorted(j.id for j in got_pg.jobs) == resumable
+    for sa_job, pg_job in zip(got_sa.jobs, sorted(got_pg.jobs, key=lambda j: j.id), strict=True):
+        same_job(sa_job, pg_job)
+        assert (sa_job.state, sa_job.attempt) == ("available", 0)
+    assert set(changed) >= RETRIED | CLOSED | {"awa.done_entries"}, sorted(changed)
+    assert notes == [("awa:rf_q", "")]
+    for engine in parked.engines:  # the waiting job's failed row stays, the other's is gone
+        left = rows(engine, "SELECT job_id FROM awa.done_entries WHERE kind = 'resumes'")
+        assert left == [{"job_id": resumable[0]}]
+
+
+def test_the_kept_failed_row_is_matched_again_once_the_job_waits_again(
+    parked: Twins, resumable: list[int]
+) -> None:
+    """After the bulk retry above, the worker parks both jobs again: the first is again both
+    failed and waiting, now with nothing done by hand, and a retry by queue resumes its wait
+    alone (the second's failed row is gone), with the queue's pruned count, as awa-pg's."""
+    for url, engine in zip(parked.urls, parked.engines, strict=True):
+        asyncio.run(_fail_then_park(url, engine, tuple(resumable)))
+    got_pg, got_sa, changed, notes = _twins(
+        parked,
+        lambda c: c.retry_failed(queue="rf_q"),
+        lambda conn: awa_sa.retry_failed(conn, queue="rf_q"),
+    )
+    assert (got_sa.matched, got_sa.pruned_failed_count) == (got_pg.matched, 0) == (1, 0)
+    ((sa_job,), (pg_job,)) = got_sa.jobs, got_pg.jobs
+    same_job(sa_job, pg_job)
+    assert sa_job.id == resumable[0]
+    assert set(changed) >= RETRIED | CLOSED, sorted(changed)
+    assert "awa.done_entries" not in changed
+    assert notes == [("awa:rf_q", "")]
 
 
 def test_a_rolled_back_cancel_or_retry_leaves_the_wait_as_it_was(parked: Twins) -> None:

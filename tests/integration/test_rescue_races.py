@@ -274,8 +274,8 @@ def test_a_rescue_that_commits_first_makes_the_settle_stale(
 
 
 def test_a_compact_receipt_is_refused_and_its_window_is_the_runtimes(active: sa.Engine) -> None:
-    """awa-sa refuses to settle a compact receipt, alone or in a batch beside a ``lease_claims``
-    one, before any statement: every row reads as before, the caller's transaction goes on.
+    """awa-sa refuses to settle a compact receipt before any statement: every row reads as
+    before, the caller's transaction goes on (every entry point: test_receipt_settles.py).
 
     The window that makes it refuse (docs/contract.md#compact-receipts): a compact receipt is a
     position of an append-only batch row, so a heartbeat rescue whose snapshot predates a
@@ -285,10 +285,8 @@ def test_a_compact_receipt_is_refused_and_its_window_is_the_runtimes(active: sa.
     engine = active
     a = seed(engine, tags=[], deadline=False)
     late = seed(engine, tags=[], deadline=False)
-    keyed = seed(engine, tags=[])
     assert a.claim_batch_id is not None
     assert a.claim_slot is not None
-    assert late.claim_slot == keyed.claim_slot == a.claim_slot
     before = every_row(engine)
     with engine.connect() as conn, conn.begin():
         with pytest.raises(awa_sa.CompactReceipt) as alone:
@@ -298,13 +296,6 @@ def test_a_compact_receipt_is_refused_and_its_window_is_the_runtimes(active: sa.
             a.run_lease,
             "q",
         )
-        batch = [
-            awa_sa.Settlement(keyed, awa_sa.Complete()),
-            awa_sa.Settlement(a, awa_sa.Cancel("x")),
-        ]
-        with pytest.raises(awa_sa.CompactReceipt, match=r"^settlements\[1\]: ") as in_batch:
-            awa_sa.settle_attempts(conn, batch)
-        assert in_batch.value.index == 1
         assert conn.execute(sa.text("SELECT 1")).scalar_one() == 1  # the transaction goes on
     assert every_row(engine) == before
 
@@ -324,6 +315,6 @@ def test_a_compact_receipt_is_refused_and_its_window_is_the_runtimes(active: sa.
         assert cancelled is not None
         assert cancelled.state == "cancelled"
         slot_row.commit()
-    assert rescuing.result(timeout=DEFAULT_TIMEOUT) == {a.job_id, late.job_id, keyed.job_id}
+    assert rescuing.result(timeout=DEFAULT_TIMEOUT) == {a.job_id, late.job_id}
     assert ledger(engine, a).closures == ["cancelled", "rescued"]
     assert ledger(engine, late).closures == ["rescued"]

@@ -234,7 +234,7 @@ class CompactReceipt(ValidationError):
     A compact receipt is one position of a ``lease_claim_batches`` row. A heartbeat rescue
     whose statement snapshot predates the settle's commit re-reads no row the settle can
     write, so it could close the receipt and run the job again after awa-sa committed
-    (docs/contract.md#sealed-receipts): no settle from outside Awa is exactly once there.
+    (docs/contract.md#compact-receipts): no settle from outside Awa is exactly once there.
     ``index`` is the refused item's position in a batch.
     """
 

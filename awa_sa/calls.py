@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from awa_sa.errors import MaterialisedAttempt, ValidationError
+from awa_sa.errors import CompactReceipt, MaterialisedAttempt, ValidationError
 from awa_sa.kinds import (
     Attempt,
     Cancel,
@@ -208,13 +208,17 @@ def prepare_receipt(
     if attempt.claim_slot is None or attempt.receipt_id is None:
         # Only a lease materialised from a compact receipt lists without its receipt.
         raise MaterialisedAttempt(attempt.job_id, attempt.run_lease, attempt.storage)
+    if attempt.claim_batch_id is not None:
+        # A heartbeat rescue older than the commit would still run it again: refused before
+        # any statement, so a batch holding one writes nothing (docs/contract.md#compact-receipts).
+        raise CompactReceipt(attempt.job_id, attempt.run_lease, attempt.storage, attempt.queue)
     item = ReceiptItem(
         attempt.job_id,
         attempt.run_lease,
         attempt.claim_slot,
         attempt.receipt_id,
-        attempt.claim_batch_id,
-        attempt.claim_batch_index,
+        None,
+        None,
         tag,
         message,
         None if message is not None else _json_text("error", error),

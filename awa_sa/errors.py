@@ -227,6 +227,35 @@ class MaterialisedAttempt(ValidationError):
         self.schema = schema
 
 
+class CompactReceipt(ValidationError):
+    """The queue-storage attempt holds a compact receipt (its queue claims without a
+    deadline); awa-sa refuses to settle it, and nothing was written.
+
+    A compact receipt is one position of a ``lease_claim_batches`` row. A heartbeat rescue
+    whose statement snapshot predates the settle's commit re-reads no row the settle can
+    write, so it could close the receipt and run the job again after awa-sa committed
+    (docs/contract.md#compact-receipts): no settle from outside Awa is exactly once there.
+    ``index`` is the refused item's position in a batch.
+    """
+
+    def __init__(
+        self, job_id: int, run_lease: int, schema: str, queue: str, index: int | None = None
+    ) -> None:
+        at = "" if index is None else f"settlements[{index}]: "
+        super().__init__(
+            f"{at}(job_id={job_id}, run_lease={run_lease}) of queue {queue!r} holds a compact "
+            f"receipt in {schema}.lease_claim_batches: its queue claims without a deadline, and "
+            "a heartbeat rescue could run it again after awa-sa's commit (nothing was written). "
+            "Give the queue a deadline (awa-pg's deadline_duration_ms, default 300 s) to settle "
+            "its attempts with awa-sa, or let the handler return"
+        )
+        self.job_id = job_id
+        self.run_lease = run_lease
+        self.schema = schema
+        self.queue = queue
+        self.index = index
+
+
 class QueueStorageJobs(ValidationError):
     """Routing points at queue storage and awa-sa cannot do this there; nothing was written
     (docs/administer.md).

@@ -21,7 +21,7 @@ from awa_sa.calls import (
     prepare_receipt,
     prepare_result,
 )
-from awa_sa.errors import ValidationError
+from awa_sa.errors import CompactReceipt, ValidationError
 from awa_sa.forms import check_bind, within
 from awa_sa.kinds import Attempt, Ending, Kind, Outcome, Result, Settle, Settlement
 from awa_sa.running import RunningAttempt
@@ -141,11 +141,13 @@ def settle(
     queue and attempt checked beside ``(job_id, run_lease)`` in the same statement: a row that
     is no longer that attempt is ``Stale``. A queue-storage attempt is settled in its schema
     as Awa 0.6.9's runtime settles it (docs/contract.md#receipts): its receipt closed, its
-    ending in ``done_entries`` (or the compact completion of a bare job), a re-schedule in
-    ``deferred_jobs`` under the same id (``Rescheduled``); ``Stale`` when anything closed the
-    receipt first. ``progress`` None keeps what a queue-storage attempt last flushed, as the
-    runtime does. A callback wait materialised into ``leases`` is refused with
-    :class:`~awa_sa.errors.MaterialisedAttempt`. ``bind`` and ``error`` are as for those calls.
+    ending in ``done_entries`` (or the runtime's compact completion of a bare job), a
+    re-schedule in ``deferred_jobs`` under the same id (``Rescheduled``); ``Stale`` when
+    anything closed the receipt first. ``progress`` None keeps what a queue-storage attempt
+    last flushed, as the runtime does. A callback wait materialised into ``leases`` is refused with
+    :class:`~awa_sa.errors.MaterialisedAttempt`, and a compact receipt (its queue claims
+    without a deadline) with :class:`~awa_sa.errors.CompactReceipt`, before any statement.
+    ``bind`` and ``error`` are as for those calls.
     """
     check_bind(bind)
     return within(bind, [settling(attempt, result, error, progress)])[0]
@@ -183,6 +185,8 @@ def settlings(settlements: object) -> list[AnyCall]:
             )
         try:
             calls.append(settling(item.attempt, item.result, item.error, item.progress))
+        except CompactReceipt as exc:
+            raise CompactReceipt(exc.job_id, exc.run_lease, exc.schema, exc.queue, index) from exc
         except ValidationError as exc:
             raise ValidationError(f"settlements[{index}]: {exc}") from exc
     return calls

@@ -62,9 +62,10 @@ class RunningAttempt:
     queue-storage schema. The claim is ``(job_id, run_lease)`` within that plane; on queue
     storage ``claim_slot`` and ``receipt_id`` name its receipt (``receipt_id`` is unique in
     the schema), and a compact receipt also has ``claim_batch_id`` and ``claim_batch_index``
-    (its 1-based position in the ``lease_claim_batches`` row). All four are None on the
-    canonical plane, and for a materialised lease whose receipt was a compact one (a lease is
-    matched to its receipt through ``lease_claims`` only).
+    (its 1-based position in the ``lease_claim_batches`` row): such an attempt is listed, and
+    ``settle`` refuses it (``CompactReceipt``). All four are None on the canonical plane, and
+    for a materialised lease whose receipt was a compact one (a lease is matched to its receipt
+    through ``lease_claims`` only).
     """
 
     job_id: int

@@ -141,6 +141,32 @@ def snapshot_of(engine: sa.Engine, schemas: Sequence[str] = ("awa", "awa_qs")) -
         return snapshot(conn, schemas)
 
 
+def every_row(engine: sa.Engine, schemas: Sequence[str] = ("awa", "awa_qs")) -> dict[str, Any]:
+    """Every row of every table of *schemas* (a partitioned one through its parent, found in
+    the catalog) and every sequence, read in one snapshot: what a refusal must leave alone."""
+    with engine.connect() as conn:
+        conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        tables = conn.execute(
+            sa.text(
+                "SELECT n.nspname || '.' || c.relname FROM pg_class AS c"
+                " JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+                " WHERE n.nspname = ANY(:s) AND c.relkind IN ('r', 'p')"
+                " AND NOT c.relispartition ORDER BY 1"
+            ),
+            {"s": list(schemas)},
+        ).scalars()
+        legs = [f"SELECT '{t}', ARRAY(SELECT x::text FROM {t} AS x ORDER BY 1)" for t in tables]
+        out: dict[str, Any] = dict(conn.execute(sa.text(" UNION ALL ".join(legs))).all())
+        out["sequences"] = conn.execute(
+            sa.text(
+                "SELECT schemaname, sequencename, last_value FROM pg_sequences"
+                " WHERE schemaname = ANY(:s) ORDER BY 1, 2"
+            ),
+            {"s": list(schemas)},
+        ).all()
+    return out
+
+
 def one(conn: sa.Connection, sql: str, **params: Any) -> Any:
     """The single row of *sql*, as a mapping."""
     return conn.execute(sa.text(sql), params).mappings().one()

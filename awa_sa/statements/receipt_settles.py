@@ -23,7 +23,9 @@ runtime sends them:
 
    A receipt of a queue with a deadline is a ``lease_claims`` row and is closed by a
    ``lease_claim_closures`` row plus its ``closed_at``; a compact receipt (a queue without a
-   deadline) is one position of a ``lease_claim_batches`` row and is closed by a closure batch.
+   deadline) is one position of a ``lease_claim_batches`` row and is closed by a closure batch:
+   only by ``cancel_job`` (``admin_cancel``), since ``settle`` refuses a compact receipt before
+   any statement (docs/contract.md#compact-receipts).
 
 The statement is put together here from its parts, one module per concern: which receipt and
 what the settle makes of it (:mod:`~awa_sa.statements.receipt_targets`), the next row's payload

@@ -2,11 +2,12 @@
 
 The caller's parameters as one row (:class:`ReceiptItem`, :func:`asked_row`), and
 :func:`open_receipt`: the receipt exactly as named (a ``lease_claims`` row, locked; or one
-position of a compact ``lease_claim_batches`` row), taken only while no closure evidence of the
-six kinds the runtime anti-joins names it and no materialised lease holds it
-(docs/contract.md#receipts), joined to the job's ``ready_entries`` row and checked against the
-caller's kind, queue and attempt; with the state the job goes to, whether a completion takes
-the runtime's compact path, the claim time it carries and the settle's clock.
+position of a compact ``lease_claim_batches`` row, which only ``cancel_job`` closes: ``settle``
+refuses it), taken only while no closure evidence of the six kinds the runtime anti-joins names
+it and no materialised lease holds it (docs/contract.md#receipts), joined to the job's
+``ready_entries`` row and checked against the caller's kind, queue and attempt; with the state
+the job goes to, whether a completion takes the runtime's compact path, the claim time it
+carries and the settle's clock.
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ from awa_sa.statements.sql import (
     EMPTY_ARRAY,
     EMPTY_OBJECT,
 )
-from awa_sa.tables import Timestamp
 
 ReceiptTag = Literal[
     "complete",
@@ -72,7 +72,8 @@ class ReceiptItem(NamedTuple):
     claim_slot: int
     receipt_id: int
     batch_id: int | None
-    """The compact receipt's ``lease_claim_batches`` row, or None for a ``lease_claims`` row."""
+    """The compact receipt's ``lease_claim_batches`` row, or None for a ``lease_claims`` row.
+    Only ``cancel_job``'s ``admin_cancel`` names a compact receipt: ``settle`` refuses one."""
     batch_index: int | None
     """Its 1-based position in that row."""
     tag: ReceiptTag
@@ -238,7 +239,8 @@ def _batch_target(asked: CTE) -> Select[Any]:
 def _claim_time(target: Any, lane_priority: ColumnElement[Any]) -> ColumnElement[Any]:
     """The ``attempted_at`` a completion writes: the job row a claim returns carries the claim's
     own clock (kept in ``ready_claim_attempt_batches``; the receipt's ``claimed_at`` is a later
-    one) for a receipt of a queue with a deadline, and NULL for a compact receipt."""
+    one). Only a ``lease_claims`` receipt is completed: a compact one is refused before any
+    statement (``CompactReceipt``)."""
     claims = qs.ready_claim_attempt_batches.alias("claim_attempts")
     c = claims.c
     lane_seq = func.int8range(target.lane_seq, target.lane_seq + literal_column("1"))
@@ -255,10 +257,7 @@ def _claim_time(target: Any, lane_priority: ColumnElement[Any]) -> ColumnElement
         )
         .scalar_subquery()
     )
-    return case(
-        (target.batch_id.is_(None), func.coalesce(claimed, target.attempted_at)),
-        else_=cast(null(), Timestamp),
-    )
+    return func.coalesce(claimed, target.attempted_at)
 
 
 def open_receipt(asked: CTE) -> CTE:

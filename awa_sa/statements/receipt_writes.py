@@ -75,7 +75,8 @@ def claims_in(unique_states: Any, state_name: ColumnElement[Any]) -> ColumnEleme
 
 def closing_rows(shaped: CTE) -> list[CTE]:
     """The receipt closed: a closure row and ``closed_at`` for a ``lease_claims`` receipt, a
-    closure batch for a compact one and for every compact completion."""
+    closure batch for every compact completion and for a compact receipt (which only
+    ``cancel_job`` closes: ``settle`` refuses it)."""
     s = shaped.c
     closures = qs.lease_claim_closures
     key: dict[str, ColumnElement[Any]] = {

@@ -285,7 +285,8 @@ def queue_storage_attempt(
     attempt and lease. The returned :class:`~awa_sa.RunningAttempt` is read back with
     :func:`~awa_sa.running_attempts`, so its ``created_at`` is what a handler's ``Job`` would
     carry (:func:`job_of` gives that ``Job``). ``deadline_secs=0`` claims as a queue without a
-    deadline does: a compact receipt, one position of a ``lease_claim_batches`` row.
+    deadline does: a compact receipt, one position of a ``lease_claim_batches`` row, which
+    ``awa_sa.settle`` refuses (``CompactReceipt``).
 
         >>> from awa_sa import attempt_of
         >>> from awa_sa.testing import job_of, queue_storage_attempt

@@ -5,8 +5,9 @@ receipt (a ``lease_claims`` row, or a compact ``lease_claim_batches`` row) carri
 effective priority, while the ready row stays in its lane. The runtime's completions carry the
 lane's priority (its claim reference's), and ``terminal_jobs`` joins a completion back to its
 ready row by it: a compact completion under the receipt's priority would be counted by the
-queue's terminal count and missing from ``terminal_jobs``. On a real cluster, for both receipt
-shapes and both completion paths, and a cancel: each job is in ``terminal_jobs`` once, under
+queue's terminal count and missing from ``terminal_jobs``. On a real cluster, for a
+``lease_claims`` receipt (awa-sa settles no compact one), both completion paths and a cancel:
+each job is in ``terminal_jobs`` once, under
 its lane's priority, and the queue's count equals its rows. A ready-backed ``done_entries`` row
 sits at its ready row's lane position: under the aged priority it would join no ready row, and
 could take the key of another lane's row at the same position (seen in the deadline soak).
@@ -49,38 +50,22 @@ def active(
         engine.dispose()
 
 
-def aged(engine: sa.Engine, *, tags: list[str], compact: bool) -> awa_sa.RunningAttempt:
+def aged(engine: sa.Engine, *, tags: list[str]) -> awa_sa.RunningAttempt:
     """A claimed attempt whose receipt carries priority 1 in a lane of priority 2."""
     with engine.begin() as conn:
-        a = queue_storage_attempt(
-            conn,
-            schema=QS,
-            queue="aged",
-            priority=2,
-            tags=tags,
-            deadline_secs=0 if compact else 300,
+        a = queue_storage_attempt(conn, schema=QS, queue="aged", priority=2, tags=tags)
+        conn.execute(
+            sa.text(f"UPDATE {QS}.lease_claims SET priority = 1 WHERE job_id = :j"),
+            {"j": a.job_id},
         )
-        if compact:
-            conn.execute(
-                sa.text(f"UPDATE {QS}.lease_claim_batches SET priority = 1 WHERE batch_id = :b"),
-                {"b": a.claim_batch_id},
-            )
-        else:
-            conn.execute(
-                sa.text(f"UPDATE {QS}.lease_claims SET priority = 1 WHERE job_id = :j"),
-                {"j": a.job_id},
-            )
     return a
 
 
-@pytest.mark.parametrize("compact", [False, True], ids=["row", "compact"])
-def test_a_completion_of_an_aged_claim_is_in_terminal_jobs(
-    active: sa.Engine, compact: bool
-) -> None:
+def test_a_completion_of_an_aged_claim_is_in_terminal_jobs(active: sa.Engine) -> None:
     engine = active
-    bare = aged(engine, tags=[], compact=compact)  # the compact completion
-    tagged = aged(engine, tags=["t"], compact=compact)  # a done_entries row
-    cancelled = aged(engine, tags=[], compact=compact)
+    bare = aged(engine, tags=[])  # the compact completion
+    tagged = aged(engine, tags=["t"])  # a done_entries row
+    cancelled = aged(engine, tags=[])
     assert awa_sa.settle(engine, bare, awa_sa.Complete()) == awa_sa.Completed(bare.job_id)
     assert awa_sa.settle(engine, tagged, awa_sa.Complete()) == awa_sa.Completed(tagged.job_id)
     assert awa_sa.settle(engine, cancelled, awa_sa.Cancel("x")) == awa_sa.Cancelled(

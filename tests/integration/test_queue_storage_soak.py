@@ -1,9 +1,10 @@
 """Soak: a thousand and more queue-storage attempts settled by awa-sa inside real awa-pg handlers.
 
 Three real awa-pg 0.6.9 runtimes share a cluster that the first one's start auto-finalized to
-queue storage in schema ``awa``. They serve two queues: ``receipts`` (the default deadline: a
-``lease_claims`` row per claim) and ``compact`` (no deadline: positions of
-``lease_claim_batches`` rows). Every handler settles its own attempt with awa-sa, in the
+queue storage in schema ``awa``. They serve two queues, ``receipts`` (the default deadline) and
+``second`` (a deadline of two minutes), each claim a ``lease_claims`` row: awa-sa refuses to
+settle the compact receipt of a queue without a deadline (docs/contract.md#compact-receipts).
+Every handler settles its own attempt with awa-sa, in the
 handler, in a transaction of its own (``attempt_of`` then ``settle``): a third of them through
 the sync API in a thread (``asyncio.to_thread``), the rest through ``awa_sa.asyncio``. Then the
 handler returns, and its runtime completes an attempt awa-sa already closed.
@@ -16,8 +17,8 @@ terminal and nothing is running or deferred, the runtimes are shut down and the 
 
 * nothing lost: every job has exactly one terminal record (``terminal_jobs``), in the state
   its plan ends in;
-* nothing duplicated: every receipt ever claimed (each ``lease_claims`` row and each position
-  of a ``lease_claim_batches`` row) is closed exactly once, with the outcome awa-sa wrote for
+* nothing duplicated: every receipt ever claimed (each ``lease_claims`` row, and no compact
+  one) is closed exactly once, with the outcome awa-sa wrote for
   that run; no deadline or heartbeat rescue closed any;
 * each handler ran once per step of its plan (a re-scheduled job runs again, no other does),
   every awa-sa call answered the outcome its result implies (never ``Stale``: the attempt was
@@ -181,9 +182,10 @@ def plan_problems(jobs: dict[int, tuple[str, str]], runs: dict[int, list[Run]]) 
 
 QUEUES = [
     {"name": "receipts", "max_workers": WORKERS},
-    {"name": "compact", "max_workers": WORKERS, "deadline_duration_ms": 0},
+    {"name": "second", "max_workers": WORKERS, "deadline_duration_ms": 120_000},
 ]
-"""The two queues: the default deadline, and none (compact claims: lease_claim_batches)."""
+"""The two queues, each with a deadline (so ``lease_claims`` receipts): the default, and two
+minutes."""
 
 
 def plan_of(i: int) -> str:
@@ -197,7 +199,7 @@ def plan_of(i: int) -> str:
 
 
 def queue_of(i: int) -> str:
-    return "compact" if i % 3 == 2 else "receipts"
+    return "second" if i % 3 == 2 else "receipts"
 
 
 @dataclass
@@ -326,7 +328,7 @@ COUNTED = f"""
          - (SELECT count(*) FROM {QS}.receipt_completion_tombstones AS t
             WHERE t.queue = q.queue) AS counted,
            (SELECT count(*) FROM {QS}.terminal_jobs AS j WHERE j.queue = q.queue) AS rows
-    FROM (VALUES ('receipts'), ('compact')) AS q(queue)
+    FROM (VALUES ('receipts'), ('second')) AS q(queue)
 """
 """Each queue's terminal count as the runtime's exact read adds it up, beside its rows."""
 
@@ -491,7 +493,7 @@ def test_queue_storage_attempts_settled_by_awa_sa_beside_three_runtimes(
         name, queue = jobs[run.job_id]
         assert receipt["receipt_id"] == run.receipt_id
         assert receipt["queue"] == queue
-        assert receipt["shape"] == ("batch" if queue == "compact" else "row"), receipt
+        assert receipt["shape"] == "row", receipt
         [closure] = receipt["closures"]
         assert closure.split(":")[1] == closed_as(PLANS[name], run.step), (receipt, run)
         if receipt["shape"] == "row" and closure.startswith("row:"):
@@ -507,7 +509,7 @@ def test_queue_storage_attempts_settled_by_awa_sa_beside_three_runtimes(
             == row["rows"]
             == sum(n for (queue, _), n in ends.items() if queue == row["queue"])
         ), row
-    for queue in ("receipts", "compact"):
+    for queue in ("receipts", "second"):
         assert soaked.stats[queue] == {
             "total_queued": 0,
             "scheduled": 0,
@@ -628,7 +630,7 @@ def test_rings_rotate_and_prune_around_attempts_awa_sa_settled(
     for row in rows(real_engine, COUNTED):  # the count follows the rows the prune left
         kept_here = ends[(row["queue"], "failed")]
         assert row["counted"] == row["rows"] == kept_here, row
-    for queue in ("receipts", "compact"):
+    for queue in ("receipts", "second"):
         s = stats[queue]
         assert (s.total_queued, s.available, s.running, s.retryable) == (0, 0, 0, 0), s
         assert s.failed == ends[(queue, "failed")], s

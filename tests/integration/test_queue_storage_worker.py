@@ -17,7 +17,9 @@ its claim shape (``receipt_q`` has the default 300 s deadline, so a claim writes
 ``lease_claims`` receipt; ``compact_q`` has ``deadline_duration_ms=0``, so it writes a compact
 ``lease_claim_batches`` position) and its insert options its shape (bare, tags, metadata,
 metadata of Awa's own ``_awa_original_*`` keys only, handler progress, a unique key with either
-mask, all at once, and the final attempt for the re-schedules).
+mask, all at once, and the final attempt for the re-schedules). Every shape is run on
+``receipt_q``; ``compact_q`` has two cases (:data:`COMPACT_CASES`), since awa-sa refuses to
+settle a compact receipt.
 
 A side session holds the maintenance-leader lock throughout, so no promotion, rescue, ring
 rotation, prune or count rollup runs; heartbeats are ten minutes apart. What is left is each
@@ -40,10 +42,12 @@ frames made alike.
 The awa-sa side: the same cases on another fresh cluster, the handler (while it holds the
 attempt) calling ``awa_sa.settle(conn, awa_sa.attempt_of(conn, job), result, progress=...)``
 in a transaction of its own, then returning None, so the runtime completes an attempt that is
-already settled. Its claim steps (which follow the runtime's completion of the case before)
-and its shutdown must equal the runtime run's, and so must its settle steps. The runtime is
-also compared with itself on a second cluster, which proves the capture and the normalisation
-deterministic at every level.
+already settled. On ``compact_q`` the handler's settle is refused (``CompactReceipt``) with
+every row of the planes as it was and its transaction still usable, and the handler then
+answers as on the runtime's side, so the runtime ends the job as in its own run. Its claim
+steps (which follow the runtime's completion of the case before) and its shutdown must equal
+the runtime run's, and so must its settle steps. The runtime is also compared with itself on a
+second cluster, which proves the capture and the normalisation deterministic at every level.
 """
 
 from __future__ import annotations
@@ -174,28 +178,31 @@ class Case:
         return options
 
 
+COMPACT_CASES = [Case("complete", "compact", "bare"), Case("snooze", "compact", "everything")]
+"""The compact receipt's cases: awa-sa refuses both (a completion that would take the fast path,
+and a re-schedule of a job with every option), then the runtime ends them."""
+
+
 def full_matrix() -> list[Case]:
-    """Every outcome x claim shape x job shape; ``last`` (max_attempts 1) for the re-schedules."""
+    """Every outcome x job shape on ``receipt_q``; ``last`` (max_attempts 1) for the
+    re-schedules; and the compact cases."""
     return [
-        Case(outcome, claim, shape)
+        Case(outcome, "receipt", shape)
         for outcome in OUTCOMES
-        for claim in QUEUES
         for shape in SHAPES
         if shape != "last" or outcome in ("retry_after", "snooze")
-    ]
+    ] + COMPACT_CASES
 
 
 def sampled_matrix() -> list[Case]:
-    """Each outcome x claim shape with ``bare`` and one other shape, rotating so that every shape
-    is met with both claim shapes, plus the fast-path boundary (``complete`` with every shape)."""
+    """Each outcome with ``bare`` and one other shape, rotating so that every shape is met,
+    plus the fast-path boundary (``complete`` with every shape), and the compact cases."""
     others = [s for s in SHAPES if s not in ("bare", "last")]
-    cases = []
+    cases = list(COMPACT_CASES)
     for i, outcome in enumerate(OUTCOMES):
-        for j, claim in enumerate(QUEUES):
-            cases.append(Case(outcome, claim, "bare"))
-            cases.append(Case(outcome, claim, others[(i + 3 * j) % len(others)]))
+        cases.append(Case(outcome, "receipt", "bare"))
+        cases.append(Case(outcome, "receipt", others[i % len(others)]))
     cases += [Case("complete", "receipt", s) for s in others]
-    cases += [Case(o, "compact", "last") for o in ("retry_after", "snooze")]
     return sorted(set(cases), key=lambda c: (OUTCOMES.index(c.outcome), c.claim, c.shape))
 
 
@@ -239,6 +246,37 @@ def copy_of(job: Any) -> SimpleNamespace:
     return SimpleNamespace(
         id=job.id, attempt=job.attempt, kind=job.kind, queue=job.queue, created_at=job.created_at
     )
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """What a handler on ``compact_q`` met: awa-sa's error, whether every row of the planes
+    read the same after as before, and whether its transaction went on."""
+
+    error: BaseException | None
+    unchanged: bool
+    usable: bool
+
+
+def refused(
+    engine: sa.Engine, take: Capturer, job: SimpleNamespace, result: awa_sa.Result
+) -> Refusal:
+    """A handler's settle of a compact receipt, in its own transaction: refused before any
+    statement, so the rows read back are those read before, and the transaction goes on."""
+
+    def rows() -> Capture:  # a claimer's poll may move a sequence, never a row
+        return {name: texts for name, texts in take().items() if name != "sequences"}
+
+    before = rows()
+    error: BaseException | None = None
+    with engine.begin() as conn:
+        attempt = awa_sa.attempt_of(conn, job)
+        try:
+            awa_sa.settle(conn, attempt, result)
+        except awa_sa.AwaSAError as exc:
+            error = exc
+        usable = conn.execute(sa.text("SELECT count(*) FROM awa.jobs_hot")).scalar_one() == 0
+    return Refusal(error, rows() == before, usable)
 
 
 def settle_in_own_transaction(
@@ -509,6 +547,7 @@ class Held:
     job: SimpleNamespace | None = None
     outcome: awa_sa.Ending | None = None
     error: BaseException | None = None
+    refusal: Refusal | None = None
 
 
 @dataclass
@@ -527,6 +566,8 @@ class Run:
     outcomes: dict[str, awa_sa.Ending]
     """awa-sa's answer for each case (the awa-sa side only)."""
     healthy: bool
+    refusals: dict[str, Refusal] = field(default_factory=dict)
+    """The awa-sa side: what each compact case's settle met (:func:`refused`)."""
     sealed: set[int] = field(default_factory=set)
     """The awa-sa side: jobs whose fast-path receipt awa-sa sealed (:func:`unsealed`)."""
 
@@ -607,6 +648,7 @@ def drive(url: str, engine: sa.Engine, schema: str, cases: list[Case], by_awa_sa
     runs: Counter[str] = Counter()
     jobs: dict[str, SimpleNamespace] = {}
     outcomes: dict[str, awa_sa.Ending] = {}
+    refusals: dict[str, Refusal] = {}
     steps: list[tuple[str, Capture]] = []
     windows: list[Window] = []
     current = Held()
@@ -621,7 +663,10 @@ def drive(url: str, engine: sa.Engine, schema: str, cases: list[Case], by_awa_sa
             job.update_metadata(PROGRESS["metadata"])
         held.holding.set()
         await held.go.wait()
-        if not by_awa_sa:
+        if by_awa_sa and case.claim == "compact":
+            asked = AWA_SA_RESULTS[case.outcome]
+            held.refusal = await asyncio.to_thread(refused, engine, take, held.job, asked)
+        if not by_awa_sa or case.claim == "compact":
             reply = answer(case.outcome)
             return reply
         result: awa_sa.Result
@@ -669,7 +714,8 @@ def drive(url: str, engine: sa.Engine, schema: str, cases: list[Case], by_awa_sa
                 claimed = await asyncio.to_thread(db_clock, engine)
                 windows.append(Window(f"claim {case.name}", began, claimed))
                 current.go.set()
-                if by_awa_sa:
+                settles = by_awa_sa and case.claim != "compact"
+                if settles:
                     await asyncio.wait_for(current.settled.wait(), WAIT_SECS)
                     if current.error is not None:
                         error = current.error
@@ -678,7 +724,9 @@ def drive(url: str, engine: sa.Engine, schema: str, cases: list[Case], by_awa_sa
                     outcomes[case.name] = current.outcome
                 else:
                     await until_idle(client, WAIT_SECS)
-                claimed_rows = None if by_awa_sa else steps[-1][1]
+                    if current.refusal is not None:
+                        refusals[case.name] = current.refusal
+                claimed_rows = None if settles else steps[-1][1]
                 steps.append(
                     (
                         f"settle {case.name}",
@@ -702,7 +750,7 @@ def drive(url: str, engine: sa.Engine, schema: str, cases: list[Case], by_awa_sa
         if error is not None:
             raise error
         steps.append(("shutdown", await asyncio.to_thread(take)))
-        return Run(schema, cases, steps, windows, storage, runs, jobs, outcomes, healthy)
+        return Run(schema, cases, steps, windows, storage, runs, jobs, outcomes, healthy, refusals)
 
     return asyncio.run(run())
 
@@ -1026,7 +1074,10 @@ def test_awa_sa_beside_the_runtime_leaves_each_attempt_settled(lab: Lab, schema:
     """A handler settles its own attempt through awa-sa, in its own transaction, and returns:
     the runtime's completion of the attempt afterwards changes nothing. Every claim step (which
     holds whatever the runtime wrote after the previous case) and the shutdown are the same as
-    in the runtime's own run, every handler ran once, and the runtime stayed healthy."""
+    in the runtime's own run, every handler ran once, and the runtime stayed healthy. A compact
+    receipt's settle was refused with ``CompactReceipt``, every row as it was and the handler's
+    transaction usable; the runtime then ended the job as in its own run (the settle steps
+    compare it)."""
     runtime, kit = lab.run(schema, "runtime"), lab.run(schema, "awa-sa")
     assert kit.runs == Counter({case.name: 1 for case in kit.cases})
     assert kit.healthy
@@ -1040,6 +1091,13 @@ def test_awa_sa_beside_the_runtime_leaves_each_attempt_settled(lab: Lab, schema:
         assert_same(runtime, kit, ("runtime", "awa-sa"), "clocks", steps)
     for case in kit.cases:
         job = kit.jobs[case.name]
+        if case.claim == "compact":
+            refusal = kit.refusals[case.name]
+            assert isinstance(refusal.error, awa_sa.CompactReceipt), (case.name, refusal)
+            assert (refusal.error.job_id, refusal.error.queue) == (job.id, case.queue)
+            assert refusal.unchanged, (case.name, refusal)
+            assert refusal.usable, (case.name, refusal)
+            continue
         outcome = kit.outcomes[case.name]
         if case.outcome in RESCHEDULES:
             [row] = [r for r in kit.rows(f"{schema}.deferred_jobs") if r["job_id"] == job.id]

@@ -1,9 +1,11 @@
-"""Settling a queue-storage attempt on the fixture: every result, both receipt shapes.
+"""Settling a queue-storage attempt on the fixture: every result on a ``lease_claims`` receipt.
 
 What each result writes is checked table by table (docs/contract.md#receipts); the rows
 themselves are compared with the real runtime's in test_queue_storage_worker.py. A second settle
 of the same attempt is ``Stale`` and writes nothing, and so is a settle that names the attempt
-with the wrong kind, queue or attempt.
+with the wrong kind, queue or attempt. A compact receipt (a queue without a deadline) is refused
+by every settle, alone or in a batch, sync or async, before any statement
+(docs/contract.md#compact-receipts).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from calling import DRIVERS, driver_url, is_async
-from jobs import insert_job
+from jobs import every_row, insert_job
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import awa_sa
@@ -68,16 +70,15 @@ def counts(engine: sa.Engine) -> dict[str, int]:
         }
 
 
-@pytest.mark.parametrize("shape", ["row", "compact"])
-def test_each_result_writes_its_rows_once(active: sa.Engine, shape: str) -> None:
+def test_each_result_writes_its_rows_once(active: sa.Engine) -> None:
     """Every result on a bare and a tagged job, one attempt each, in one database: each
     settle's writes are counted as differences."""
     for name in sorted(RESULTS):
         for bare in (True, False):
-            _settled_once(active, name, bare=bare, shape=shape)
+            _settled_once(active, name, bare=bare)
 
 
-def _settled_once(active: sa.Engine, name: str, *, bare: bool, shape: str) -> None:
+def _settled_once(active: sa.Engine, name: str, *, bare: bool) -> None:
     extra: dict[str, Any] = {} if bare else {"tags": ["t1"], "metadata": {"tenant": "acme"}}
     with active.begin() as conn:
         attempt = queue_storage_attempt(
@@ -86,16 +87,14 @@ def _settled_once(active: sa.Engine, name: str, *, bare: bool, shape: str) -> No
             kind="mail",
             queue="mail",
             max_attempts=1 if name == "final" else 3,
-            deadline_secs=0 if shape == "compact" else 300,
             **extra,
         )
-    assert (attempt.claim_batch_id is not None) is (shape == "compact")
+    assert attempt.claim_batch_id is None
     before = counts(active)
     with active.connect() as conn:
         running = locate(conn, attempt.job_id, schema=QS)
     assert running is not None
-    claimed = "lease_claims" if shape == "row" else "lease_claim_batches"
-    assert (running.table, running.state) == (claimed, "running")
+    assert (running.table, running.state) == ("lease_claims", "running")
     closed_before = _closures(active)
     outcome = awa_sa.settle(active, attempt, RESULTS[name])
     after = counts(active)
@@ -104,8 +103,8 @@ def _settled_once(active: sa.Engine, name: str, *, bare: bool, shape: str) -> No
     terminal = state in ("completed", "cancelled", "failed")
     written = {t: after[t] - before[t] for t in TABLES}
     assert written == {
-        "lease_claim_closures": int(shape == "row" and not fast),
-        "lease_claim_closure_batches": int(shape == "compact" or fast),
+        "lease_claim_closures": int(not fast),
+        "lease_claim_closure_batches": int(fast),
         "receipt_completion_batches": int(fast),
         "done_entries": int(terminal and not fast),
         "deferred_jobs": int(not terminal),
@@ -135,6 +134,43 @@ def _settled_once(active: sa.Engine, name: str, *, bare: bool, shape: str) -> No
     assert awa_sa.running_attempts(active) == []
     assert awa_sa.settle(active, attempt, RESULTS[name]) == awa_sa.Stale()
     assert counts(active) == after
+
+
+async def test_a_compact_receipt_is_refused_by_every_settle(active: sa.Engine, db_url: str) -> None:
+    """Every result, ``settle`` and ``settle_attempts`` (one compact item beside a
+    ``lease_claims`` one), and their async twins: ``CompactReceipt`` before any statement, so
+    every row reads as before and a caller's transaction goes on."""
+    with active.begin() as conn:
+        compact = queue_storage_attempt(conn, schema=QS, kind="mail", queue="mail", deadline_secs=0)
+        keyed = queue_storage_attempt(conn, schema=QS, kind="mail", queue="mail")
+    assert compact.claim_batch_id is not None
+    before = every_row(active)
+    for result in RESULTS.values():
+        with pytest.raises(awa_sa.CompactReceipt, match="deadline_duration_ms") as refused:
+            awa_sa.settle(active, compact, result)
+    assert (refused.value.job_id, refused.value.schema, refused.value.index) == (
+        compact.job_id,
+        QS,
+        None,
+    )
+    batch = [
+        awa_sa.Settlement(keyed, awa_sa.Complete()),
+        awa_sa.Settlement(compact, awa_sa.Complete()),
+    ]
+    with active.begin() as conn:
+        with pytest.raises(awa_sa.CompactReceipt, match=r"^settlements\[1\]: ") as in_batch:
+            awa_sa.settle_attempts(conn, batch)
+        assert in_batch.value.index == 1
+        assert conn.execute(sa.text("SELECT 1")).scalar_one() == 1  # still usable
+    face = create_async_engine(driver_url(db_url, "asyncpg"))
+    try:
+        with pytest.raises(awa_sa.CompactReceipt):
+            await awa_async.settle(face, compact, awa_sa.Cancel("no"))
+        with pytest.raises(awa_sa.CompactReceipt):
+            await awa_async.settle_attempts(face, batch)
+    finally:
+        await face.dispose()
+    assert every_row(active) == before
 
 
 def _closures(engine: sa.Engine) -> list[str]:

@@ -23,8 +23,9 @@ awa-sa's settle:
 For each of the two rescues that can meet a receipt: the deadline rescue (``lease_claims``
 receipts only: a compact receipt has no deadline) and the receipt heartbeat rescue (both
 shapes). A compact receipt has no row the heartbeat rescue re-reads, so its older snapshot
-still sees it open: the last test pins that window, which the runtime's own compact settles
-share (docs/contract.md#sealed-receipts).
+still sees it open: awa-sa refuses to settle one (``CompactReceipt``, every row as it was),
+and the last test pins the window with ``cancel_job``, which closes a running compact attempt
+as awa-pg's cancel does and shares it (docs/contract.md#compact-receipts).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from conftest import Cluster
+from jobs import every_row
 from racing import DEFAULT_TIMEOUT, HeldTransaction, in_thread, wait_until_blocked
 from rescues import DEADLINE_RESCUE, RECEIPT_HEARTBEAT_RESCUE, statement
 from runtimes import rows
@@ -271,17 +273,32 @@ def test_a_rescue_that_commits_first_makes_the_settle_stale(
     assert found == Ledger([rescue.outcome], True, 0), found
 
 
-def test_a_compact_receipt_has_no_row_the_heartbeat_rescue_re_reads(active: sa.Engine) -> None:
-    """The residual window (docs/contract.md#sealed-receipts): a compact receipt is a position
-    of an append-only batch row that no settle changes, so a heartbeat rescue whose snapshot
-    predates awa-sa's commit, and which reaches the receipt after it, closes it again. The
-    runtime's own compact settles leave the same window. Outside it (settle in flight, or
-    committed before the rescue's snapshot) the receipt is safe, as for the other shape."""
+def test_a_compact_receipt_is_refused_and_its_window_is_the_runtimes(active: sa.Engine) -> None:
+    """awa-sa refuses to settle a compact receipt before any statement: every row reads as
+    before, the caller's transaction goes on (every entry point: test_receipt_settles.py).
+
+    The window that makes it refuse (docs/contract.md#compact-receipts): a compact receipt is a
+    position of an append-only batch row, so a heartbeat rescue whose snapshot predates a
+    closure's commit, and which reaches the receipt after it, closes it again. ``cancel_job``
+    of the running attempt, which writes what awa-pg's cancel writes, is closed twice so; the
+    other compact receipt is rescued as the runtime rescues any."""
     engine = active
     a = seed(engine, tags=[], deadline=False)
     late = seed(engine, tags=[], deadline=False)
     assert a.claim_batch_id is not None
     assert a.claim_slot is not None
+    before = every_row(engine)
+    with engine.connect() as conn, conn.begin():
+        with pytest.raises(awa_sa.CompactReceipt) as alone:
+            awa_sa.settle(conn, a, awa_sa.Complete())
+        assert (alone.value.job_id, alone.value.run_lease, alone.value.queue) == (
+            a.job_id,
+            a.run_lease,
+            "q",
+        )
+        assert conn.execute(sa.text("SELECT 1")).scalar_one() == 1  # the transaction goes on
+    assert every_row(engine) == before
+
     with HeldTransaction(engine) as slot_row:
         slot_row.execute(
             f"SELECT 1 FROM {QS}.claim_ring_slots WHERE slot = :slot FOR UPDATE",
@@ -294,13 +311,10 @@ def test_a_compact_receipt_has_no_row_the_heartbeat_rescue_re_reads(active: sa.E
 
         rescuing = in_thread(run_rescue, "rescue")
         wait_until_blocked(engine, slot_row.pid, pending=[rescuing])
-        assert awa_sa.settle(engine, a, awa_sa.Complete()) == awa_sa.Completed(a.job_id)
+        cancelled = awa_sa.cancel_job(engine, a.job_id)
+        assert cancelled is not None
+        assert cancelled.state == "cancelled"
         slot_row.commit()
     assert rescuing.result(timeout=DEFAULT_TIMEOUT) == {a.job_id, late.job_id}
-    assert ledger(engine, a).closures == ["completed", "rescued"]
-    # Settled before a rescue's snapshot: never closed again.
-    b = seed(engine, tags=[], deadline=False)
-    assert awa_sa.settle(engine, b, awa_sa.Complete()) == awa_sa.Completed(b.job_id)
-    with engine.begin() as conn:
-        assert rescue_now(conn, HEARTBEAT, b.claim_slot or 0) == set()
-    assert ledger(engine, b).closures == ["completed"]
+    assert ledger(engine, a).closures == ["cancelled", "rescued"]
+    assert ledger(engine, late).closures == ["rescued"]

@@ -60,7 +60,7 @@ from awa_sa import (
 pytestmark = pytest.mark.slow  # two real awa-pg runtimes
 
 QS = "awa"
-SMALL = 200
+SMALL = 120
 JOBS = int(os.environ.get("AWA_SA_DEADLINE_SOAK_JOBS", str(SMALL)))
 RACED = 100 if JOBS >= 8000 else 0
 """Rescued attempts whose handler then tried to settle, at least (a full-size run only)."""

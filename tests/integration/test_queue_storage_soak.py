@@ -71,9 +71,9 @@ from awa_sa import (
 pytestmark = pytest.mark.slow  # three real awa-pg runtimes, 40-70 s on 2 busy cores
 
 QS = "awa"
-SMALL = 500
-"""The suite's size: every plan, queue, receipt shape and face a hundred times or more, in a
-third of the proof's CPU (``AWA_SA_QS_SOAK_JOBS=1600``: 2,000 attempts or more)."""
+SMALL = 300
+"""The suite's size: every plan, queue, receipt shape and face dozens of times, in a fifth of
+the proof's jobs (``AWA_SA_QS_SOAK_JOBS=1600``: 2,000 attempts or more)."""
 JOBS = int(os.environ.get("AWA_SA_QS_SOAK_JOBS", str(SMALL)))
 """Jobs enqueued; their plans make about 1.31 attempts each (2,096 for 1,600)."""
 ATTEMPTS = 2000 if JOBS >= 1600 else JOBS

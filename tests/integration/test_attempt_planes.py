@@ -116,6 +116,7 @@ class Holder:
         self.resolved = asyncio.Event()
         self.calls = 0
         self.returned = False
+        self.done = asyncio.Event()
         self.job: SimpleNamespace | None = None
         self.mine: RunningAttempt | None = None
         self.recipe: list[RunningAttempt] = []
@@ -135,6 +136,7 @@ class Holder:
             return None if self.then is None else await self.then(job)
         finally:
             self.returned = True
+            self.done.set()
 
 
 async def within(event: asyncio.Event) -> None:
@@ -831,6 +833,11 @@ def run_fresh(url: str, engine: sa.Engine) -> Fresh:
                 )
 
             listed, phase, receipts, batches, leases_ = await asyncio.to_thread(read)
+            # Every handler has returned before the shutdown starts: a handler still held when
+            # it does is the shutdown's to end, not the runtime's ending under test.
+            release.set()
+            for holder in holders.values():
+                await within(holder.done)
         finally:
             go.set()
             release.set()
@@ -928,7 +935,10 @@ def test_receipts_the_runtime_closed_are_no_longer_running(fresh: Fresh) -> None
     assert flaky is not None
     # The failed attempt went back to deferred_jobs under the same id and lease, its receipt
     # closed; the others completed (fast-path closure batches or done_entries).
-    assert {"job_id": flaky.job_id, "run_lease": 1} in fresh.ended["deferred_jobs"]
+    assert {"job_id": flaky.job_id, "run_lease": 1} in fresh.ended["deferred_jobs"], (
+        fresh.ended,
+        fresh.holders["flaky"].calls,
+    )
     assert {"job_id": flaky.job_id, "run_lease": 1} in fresh.ended["lease_claim_closures"]
     by_receipt = {r for b in fresh.ended["closure_batches"] for r in b["receipt_ids"]}
     by_lease = fresh.ended["done_entries"] + fresh.ended["lease_claim_closures"]

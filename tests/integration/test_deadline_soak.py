@@ -152,6 +152,7 @@ class Handlers:
                 )
         except Exception as exc:
             run.outcome = exc
+            raise  # as a service would: the runtime then retries the job, never completes it
 
 
 PROGRESS = f"""
@@ -165,6 +166,9 @@ whose handler committed a terminal business row, re-schedules waiting, receipts 
 (every closure of a ``lease_claims`` receipt sets ``closed_at``, awa-sa's and the rescues'),
 and the seconds until the last re-schedule is due."""
 
+
+ENDED = "SELECT DISTINCT job_id FROM soak_effects WHERE effect <> 'retried'"
+"""The jobs with a terminal business row: a failed wait names the runs of the others."""
 
 RECEIPTS = f"""
     SELECT c.job_id, c.run_lease, c.closed_at IS NOT NULL AS marked,
@@ -253,7 +257,10 @@ def soak(url: str, engine: sa.Engine) -> Soaked:
                     due = time.monotonic() + float(p["due_in"]) + DUE_SLACK_SECS
                     deadline = max(deadline, min(due, t0 + WAIT_SECS + MAX_BACKOFF_WAIT_SECS))
                 if time.monotonic() > deadline:
-                    pytest.fail(f"not settled in {time.monotonic() - t0:.0f}s: {p}")
+                    ended = await asyncio.to_thread(rows, engine, ENDED)
+                    missing = sorted(set(jobs) - {r["job_id"] for r in ended})[:5]
+                    runs = {job: handlers.runs[job] for job in missing}
+                    pytest.fail(f"not settled in {time.monotonic() - t0:.0f}s: {p}; {runs}")
                 await asyncio.sleep(0.5)
             seconds = time.monotonic() - t0
             [stat] = [s for s in await clients[0].queue_stats() if s.queue == QUEUE]

@@ -14,6 +14,13 @@ driver a Python loop over every value, escapes included; the server reads either
 part of what the function itself costs. Values travel as text where a driver would otherwise
 adapt them its own way (JSON, timestamps, bytes as hex, tags as an array literal).
 
+In a batch a job's ``args`` travel as a JSON value inside the array, not as a JSON text in a
+string: the server then parses them once, with the array, where a string is parsed twice
+(the array, then the text cast to ``jsonb``), and the client writes them in the batch's one
+encoder pass. Only args whose text awa-sa writes its own way (what the C encoder does not
+write as serde_json does, :mod:`awa_sa.unique`) go as that text, in a thirteenth element
+read in their place; the stored ``jsonb`` is the same either way, the one JSON value.
+
 Only what the client cannot know comes back: the id, ``run_at`` and ``created_at`` the
 function stamped, and ``args`` and ``metadata`` as stored (``jsonb`` orders keys and writes
 numbers its own way). The rest of the new row is what was sent, which the function stores as
@@ -49,19 +56,20 @@ from awa_sa.tables import Timestamp, job_state, job_unique_claims
 class JobValues(NamedTuple):
     """One job as the statement binds it: every value already validated and encoded.
 
-    ``args`` and ``metadata`` are JSON text, ``tags`` a ``text[]`` literal, ``unique_key`` and
+    ``args`` is the JSON-able value itself when ``args_text`` is None (its C encoder text is
+    awa-sa's, checked by :func:`awa_sa.jobs.batch_of`), else None beside that text.
+    ``metadata`` is JSON text, ``tags`` a ``text[]`` literal, ``unique_key`` and
     ``ordering_key`` hex, ``run_at`` an ISO 8601 text with its offset, ``unique_states`` the
     BIT(8) text. A tuple, so that a batch is written as JSON arrays in this field order.
 
     ``tag_list`` is not bound (a batch's array carries it, the statement reads no further than
-    ``ordering_key``): the tags as the typed row gives them back, kept in this one object per
-    job rather than in a second one beside it, and as a tuple, so that a job's values hold no
-    mutable object and the garbage collector stops tracking them once it has seen them.
+    ``args_text``): the tags as the typed row gives them back, kept in this one object per
+    job rather than in a second one beside it, and as a tuple.
     """
 
     kind: str
     queue: str
-    args: str
+    args: Any
     state: str
     priority: int
     max_attempts: int
@@ -71,13 +79,22 @@ class JobValues(NamedTuple):
     unique_key: str | None
     unique_states: str | None
     ordering_key: str | None
+    args_text: str | None
     tag_list: tuple[str, ...]
+
+
+class Batch(NamedTuple):
+    """Checked jobs, and for more than one the JSON array a batch binds (written once)."""
+
+    jobs: Sequence[JobValues]
+    text: str | None
 
 
 _FIELDS = tuple(
     (f"b_{name}", name, SmallInteger if name in ("priority", "max_attempts") else Text)
-    for name in JobValues._fields[:-1]
+    for name in JobValues._fields[:12]
 )
+_ARGS_TEXT = JobValues._fields.index("args_text")
 _BATCH = "b_jobs"
 
 
@@ -92,7 +109,14 @@ def _given(batch: bool) -> tuple[Any, dict[str, ColumnElement[Any]]]:
         .render_derived(name="given")
     )
     field = rows.c.job.op("->>", return_type=Text)
-    return rows, {name: field(literal_column(str(n))) for n, (_, name, _) in enumerate(_FIELDS)}
+    columns: dict[str, ColumnElement[Any]] = {
+        name: field(literal_column(str(n))) for n, (_, name, _) in enumerate(_FIELDS)
+    }
+    value = rows.c.job.op("->", return_type=JSONB)(literal_column("2"))
+    columns["args"] = func.coalesce(
+        cast(field(literal_column(str(_ARGS_TEXT))), JSONB), value, type_=JSONB
+    )
+    return rows, columns
 
 
 def _hex(value: ColumnElement[Any]) -> ColumnElement[Any]:
@@ -108,7 +132,7 @@ def insert_jobs(*, batch: bool) -> Select[Any]:
         func.awa.insert_job_compat(
             c["kind"],
             c["queue"],
-            cast(c["args"], JSONB),
+            c["args"] if batch else cast(c["args"], JSONB),
             cast(c["state"], job_state),
             small(c["priority"]),
             small(c["max_attempts"]),
@@ -141,14 +165,22 @@ def insert_jobs(*, batch: bool) -> Select[Any]:
 _ENCODE = json.JSONEncoder(ensure_ascii=False, check_circular=False, separators=(",", ":")).encode
 
 
-def _binds(jobs: Sequence[JobValues]) -> Mapping[str, Any]:
-    if len(jobs) == 1:
-        return dict(zip([bind for bind, _, _ in _FIELDS], jobs[0], strict=False))
-    return {_BATCH: _ENCODE(jobs)}
+def batch_text(jobs: Sequence[JobValues]) -> str:
+    """The JSON array a batch binds: every job's values in field order, args as values."""
+    return _ENCODE(jobs)
 
 
-INSERT_JOBS: Query[Sequence[JobValues], Rows] = Query(
-    shape=lambda jobs: insert_jobs(batch=len(jobs) > 1),
+def _binds(batch: Batch) -> Mapping[str, Any]:
+    if batch.text is None:
+        (job,) = batch.jobs
+        values = dict(zip([bind for bind, _, _ in _FIELDS], job, strict=False))
+        values["b_args"] = _ENCODE(job.args) if job.args_text is None else job.args_text
+        return values
+    return {_BATCH: batch.text}
+
+
+INSERT_JOBS: Query[Batch, Rows] = Query(
+    shape=lambda batch: insert_jobs(batch=batch.text is not None),
     binds=_binds,
     read=lambda rows: rows,
     by_position=True,

@@ -18,7 +18,7 @@ from functools import lru_cache
 from typing import Any
 
 from awa_sa.errors import ValidationError
-from awa_sa.statements.enqueue import Batch, JobValues, batch_text, tags_literal
+from awa_sa.statements.enqueue import Batch, JobValues, batch_text, element, tags_literal
 from awa_sa.unique import (
     Unique,
     plain,
@@ -162,7 +162,7 @@ def prepare(job: object) -> Prepared:
         key = None if unique is None else unique_key(kind, queue, args_text, unique)
         payload = None
     run_at = _run_at(job.run_at)
-    return JobValues(
+    values = JobValues(
         kind,
         queue,
         payload,
@@ -177,7 +177,20 @@ def prepare(job: object) -> Prepared:
         _ordering_key(job.ordering_key),
         args_text,
         tags,
+        {"kind": kind, "args": payload},
     )
+    if (
+        args_text is None
+        and queue == "default"
+        and job.priority == 2
+        and job.max_attempts == 25
+        and run_at is None
+        and metadata is None
+        and not tags
+        and job.ordering_key is None
+    ):
+        return values  # the common job: its batch element is its kind and args alone
+    return values._replace(element=element(values))
 
 
 def batch_of(jobs: list[Prepared]) -> Batch:
@@ -191,7 +204,8 @@ def batch_of(jobs: list[Prepared]) -> Batch:
     if len(jobs) == 1:
         (job,) = jobs
         return Batch([job if job.args_text is not None else _as_text(job)], None)
-    text = batch_text(jobs)
+    elements = [job.element for job in jobs]
+    text = batch_text(elements)
     if stored_as_written(text):
         return Batch(jobs, text)
     out = []
@@ -200,12 +214,13 @@ def batch_of(jobs: list[Prepared]) -> Batch:
             out.append(job if job.args_text is not None else _as_text(job))
         except ValidationError as exc:
             raise ValidationError(f"jobs[{index}]: {exc}") from exc
-    return Batch(out, batch_text(out))
+    return Batch(out, batch_text([element(job) for job in out]))
 
 
 def _as_text(job: Prepared) -> Prepared:
     """*job* with its args written by :func:`~awa_sa.unique.to_json` (which checks them)."""
-    return job._replace(args=None, args_text=to_json(job.args))
+    job = job._replace(args=None, args_text=to_json(job.args))
+    return job._replace(element=element(job))
 
 
 def _args(args: object) -> tuple[object, str]:

@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import (
     BigInteger,
+    Integer,
     Select,
     SmallInteger,
     Text,
@@ -62,9 +63,9 @@ class JobValues(NamedTuple):
     ``ordering_key`` hex, ``run_at`` an ISO 8601 text with its offset, ``unique_states`` the
     BIT(8) text. A tuple, so that a batch is written as JSON arrays in this field order.
 
-    ``tag_list`` is not bound (a batch's array carries it, the statement reads no further than
-    ``args_text``): the tags as the typed row gives them back, kept in this one object per
-    job rather than in a second one beside it, and as a tuple.
+    ``tag_list`` is not bound: the tags as the typed row gives them back (and a batch's
+    element sends them). ``element`` is the job as a batch sends it (:func:`element`), made
+    with the values.
     """
 
     kind: str
@@ -81,6 +82,7 @@ class JobValues(NamedTuple):
     ordering_key: str | None
     args_text: str | None
     tag_list: tuple[str, ...]
+    element: dict[str, Any]
 
 
 class Batch(NamedTuple):
@@ -94,29 +96,94 @@ _FIELDS = tuple(
     (f"b_{name}", name, SmallInteger if name in ("priority", "max_attempts") else Text)
     for name in JobValues._fields[:12]
 )
-_ARGS_TEXT = JobValues._fields.index("args_text")
 _BATCH = "b_jobs"
+_POSITION = "position"
+_DEFAULTS = {"queue": "default", "state": "available", "priority": 2, "max_attempts": 25}
+"""What ``awa.insert_job_compat`` takes a NULL for (its ``COALESCE``): left out of a batch."""
+_ELEMENT = (
+    column("kind", Text),
+    column("queue", Text),
+    column("args", JSONB),
+    column("state", job_state),
+    column("priority", SmallInteger),
+    column("max_attempts", SmallInteger),
+    column("run_at", Timestamp),
+    column("metadata", Text),
+    column("tags", ARRAY(Text)),
+    column("unique_key", BYTEA),
+    column("unique_states", BIT(8)),
+    column("ordering_key", BYTEA),
+    column("args_text", Text),
+    column(_POSITION, Integer),
+)
 
 
-def _given(batch: bool) -> tuple[Any, dict[str, ColumnElement[Any]]]:
-    """The bound jobs as rows, and each field as a column of them (text in a batch)."""
+def element(job: JobValues) -> dict[str, Any]:
+    """*job* as one object of a batch's array: its values by name, those the function takes a
+    NULL for left out, bytes as ``bytea``'s ``\\x`` text, tags as a JSON array."""
+    out: dict[str, Any] = {"kind": job.kind}
+    if job.args_text is None:
+        out["args"] = job.args
+    else:
+        out["args_text"] = job.args_text
+    for name, default in _DEFAULTS.items():
+        value = getattr(job, name)
+        if value != default:
+            out[name] = value
+    if job.run_at is not None:
+        out["run_at"] = job.run_at
+    if job.metadata != "{}":
+        out["metadata"] = job.metadata
+    if job.tag_list:
+        out["tags"] = job.tag_list
+    for name in ("unique_key", "ordering_key"):
+        if getattr(job, name) is not None:
+            out[name] = "\\x" + getattr(job, name)
+    if job.unique_states is not None:
+        out["unique_states"] = job.unique_states
+    return out
+
+
+def _given(batch: bool) -> tuple[Any, list[ColumnElement[Any]]]:
+    """The bound jobs as rows, and the function's arguments from them."""
     if not batch:
         row = bound_row(_FIELDS).subquery("given")
-        return row, {name: row.c[name] for _, name, _ in _FIELDS}
+        c = row.c
+        return row, [
+            c.kind,
+            c.queue,
+            cast(c.args, JSONB),
+            cast(c.state, job_state),
+            c.priority,
+            c.max_attempts,
+            cast(c.run_at, Timestamp),
+            cast(c.metadata, JSONB),
+            cast(c.tags, ARRAY(Text)),
+            _hex(c.unique_key),
+            cast(c.unique_states, BIT(8)),
+            _hex(c.ordering_key),
+        ]
     rows = (
-        func.jsonb_array_elements(cast(bindparam(_BATCH, type_=Text), JSONB))
-        .table_valued(column("job", JSONB), with_ordinality="ord")
-        .render_derived(name="given")
+        func.jsonb_to_recordset(cast(bindparam(_BATCH, type_=Text), JSONB))
+        .table_valued(*_ELEMENT)
+        .render_derived(name="given", with_types=True)
     )
-    field = rows.c.job.op("->>", return_type=Text)
-    columns: dict[str, ColumnElement[Any]] = {
-        name: field(literal_column(str(n))) for n, (_, name, _) in enumerate(_FIELDS)
-    }
-    value = rows.c.job.op("->", return_type=JSONB)(literal_column("2"))
-    columns["args"] = func.coalesce(
-        cast(field(literal_column(str(_ARGS_TEXT))), JSONB), value, type_=JSONB
-    )
-    return rows, columns
+    c = rows.c
+    args = func.coalesce(cast(c.args_text, JSONB), c.args, type_=JSONB)
+    return rows, [
+        c.kind,
+        c.queue,
+        args,
+        c.state,
+        c.priority,
+        c.max_attempts,
+        c.run_at,
+        cast(c.metadata, JSONB),
+        c.tags,
+        c.unique_key,
+        c.unique_states,
+        c.ordering_key,
+    ]
 
 
 def _hex(value: ColumnElement[Any]) -> ColumnElement[Any]:
@@ -126,23 +193,9 @@ def _hex(value: ColumnElement[Any]) -> ColumnElement[Any]:
 @statement
 def insert_jobs(*, batch: bool) -> Select[Any]:
     """``awa.insert_job_compat`` once per bound job, its rows in input order."""
-    given, c = _given(batch)
-    small = (lambda v: cast(v, SmallInteger)) if batch else (lambda v: v)
+    given, arguments = _given(batch)
     job = (
-        func.awa.insert_job_compat(
-            c["kind"],
-            c["queue"],
-            c["args"] if batch else cast(c["args"], JSONB),
-            cast(c["state"], job_state),
-            small(c["priority"]),
-            small(c["max_attempts"]),
-            cast(c["run_at"], Timestamp),
-            cast(c["metadata"], JSONB),
-            cast(c["tags"], ARRAY(Text)),
-            _hex(c["unique_key"]),
-            cast(c["unique_states"], BIT(8)),
-            _hex(c["ordering_key"]),
-        )
+        func.awa.insert_job_compat(*arguments)
         .table_valued(
             column("id", BigInteger),
             column("run_at", Timestamp),
@@ -159,15 +212,17 @@ def insert_jobs(*, batch: bool) -> Select[Any]:
         cast(job.c.args, Text).label("args"),
         cast(job.c.metadata, Text).label("metadata"),
     ).select_from(given.join(job, literal_column("true")))
-    return query.order_by(given.c.ord) if batch else query
+    return query.order_by(given.c[_POSITION]) if batch else query
 
 
 _ENCODE = json.JSONEncoder(ensure_ascii=False, check_circular=False, separators=(",", ":")).encode
 
 
-def batch_text(jobs: Sequence[JobValues]) -> str:
-    """The JSON array a batch binds: every job's values in field order, args as values."""
-    return _ENCODE(jobs)
+def batch_text(elements: list[dict[str, Any]]) -> str:
+    """The JSON array a batch binds: its jobs' :func:`element` objects, numbered in order."""
+    for position, item in enumerate(elements):
+        item[_POSITION] = position
+    return _ENCODE(elements)
 
 
 def _binds(batch: Batch) -> Mapping[str, Any]:

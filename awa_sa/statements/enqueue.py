@@ -6,20 +6,21 @@ on the canonical plane, ``ready_entries`` or ``deferred_jobs`` of the routing sc
 routing is flipped), takes the unique claim and notifies the queue's listeners. This statement
 only feeds it rows: writing its tables here would fork Awa's routing rules.
 
-One job binds scalars. A batch binds one parameter, a JSON array with one array of values per
-job, and calls the function once per element, in a LATERAL join ordered by the element's
-position, so a batch of any size is one statement and its rows come back in input order. One
-JSON text costs the client one pass of the stdlib's C encoder where twelve arrays cost the
-driver a Python loop over every value, escapes included; the server reads either in a small
-part of what the function itself costs. Values travel as text where a driver would otherwise
-adapt them its own way (JSON, timestamps, bytes as hex, tags as an array literal).
+One job binds scalars, as text where a driver would otherwise adapt them its own way (JSON,
+timestamps, bytes as hex, tags as an array literal). A batch binds one parameter, a JSON array
+with one object per job (:func:`element`), and calls the function once per object, in a
+LATERAL join ordered by a position each object carries, so a batch of any size is one
+statement and its rows come back in input order. One JSON text costs the client one pass of
+the stdlib's C encoder where twelve arrays cost the driver a Python loop over every value.
 
-In a batch a job's ``args`` travel as a JSON value inside the array, not as a JSON text in a
-string: the server then parses them once, with the array, where a string is parsed twice
-(the array, then the text cast to ``jsonb``), and the client writes them in the batch's one
-encoder pass. Only args whose text awa-sa writes its own way (what the C encoder does not
-write as serde_json does, :mod:`awa_sa.unique`) go as that text, in a thirteenth element
-read in their place; the stored ``jsonb`` is the same either way, the one JSON value.
+The server reads the objects with ``jsonb_to_recordset`` into typed columns, each value through
+its type's input function once, rather than with twelve ``->>`` and casts per job (backend
+CPU: docs/performance.md#enqueue). An object leaves out what the function takes a NULL for (its
+``COALESCE`` to the defaults awa-pg also uses), so the common job is its kind and args alone:
+less to write, send and parse. Its ``args`` are a JSON value inside the array, parsed once with
+it; only args whose text awa-sa writes its own way (what the C encoder does not write as
+serde_json does, :mod:`awa_sa.unique`, and a unique job's, whose text is hashed anyway) go as
+that text, under ``args_text``, cast to ``jsonb`` in their place: the same stored value.
 
 Only what the client cannot know comes back: the id, ``run_at`` and ``created_at`` the
 function stamped, and ``args`` and ``metadata`` as stored (``jsonb`` orders keys and writes

@@ -32,8 +32,8 @@ from awa_sa.errors import (
     ValidationError,
 )
 from awa_sa.forms import check_bind
-from awa_sa.jobs import Duplicate, EnqueuedJob, NewJob, Prepared, enqueued, prepare
-from awa_sa.statements.enqueue import INSERT_JOBS, UNIQUE_HOLDER
+from awa_sa.jobs import Duplicate, EnqueuedJob, NewJob, Prepared, batch_of, enqueued, prepare
+from awa_sa.statements.enqueue import INSERT_JOBS, UNIQUE_HOLDER, Batch
 from awa_sa.translation import translated, translated_error
 from awa_sa.unique import Unique
 
@@ -81,7 +81,7 @@ def enqueue(
         unique_opts=unique_opts,
         ordering_key=ordering_key,
     )
-    (row,) = within(bind, [prepare(job)], "raise")
+    (row,) = within(bind, batch_of([prepare(job)]), "raise")
     assert isinstance(row, EnqueuedJob)  # "raise" answers no Duplicate
     return row
 
@@ -121,10 +121,10 @@ def enqueue_many(
     """
     check_bind(bind)
     prepared = prepare_batch(jobs, on_duplicate)
-    return within(bind, prepared, on_duplicate) if prepared else []
+    return within(bind, prepared, on_duplicate) if prepared.jobs else []
 
 
-def prepare_batch(jobs: object, on_duplicate: object) -> list[Prepared]:
+def prepare_batch(jobs: object, on_duplicate: object) -> Batch:
     """Every job of a batch checked, or the first one's reason to refuse."""
     if on_duplicate not in ("raise", "skip"):
         raise ValidationError(f"on_duplicate must be 'raise' or 'skip', got {on_duplicate!r}")
@@ -136,11 +136,11 @@ def prepare_batch(jobs: object, on_duplicate: object) -> list[Prepared]:
             out.append(prepare(job))
         except ValidationError as exc:
             raise ValidationError(f"jobs[{index}]: {exc}") from exc
-    return out
+    return batch_of(out) if out else Batch(out, None)
 
 
 def within(
-    bind: Engine | Connection | Session, jobs: Sequence[Prepared], on_duplicate: OnDuplicate
+    bind: Engine | Connection | Session, jobs: Batch, on_duplicate: OnDuplicate
 ) -> list[Any]:
     """*jobs* inserted in *bind*'s form: the Engine's own transaction, or the caller's.
 
@@ -169,7 +169,7 @@ class _Conflict(Exception):
 
 
 def in_transaction(
-    conn: Connection, jobs: Sequence[Prepared], on_duplicate: OnDuplicate, *, guard: bool = True
+    conn: Connection, jobs: Batch, on_duplicate: OnDuplicate, *, guard: bool = True
 ) -> list[EnqueuedJob | Duplicate]:
     """The insert in whatever transaction *conn* has; translated, a dead connection invalidated.
 
@@ -189,20 +189,21 @@ def in_transaction(
 
 
 def _insert(
-    conn: Connection, jobs: Sequence[Prepared], on_duplicate: OnDuplicate, guard: bool
+    conn: Connection, batch: Batch, on_duplicate: OnDuplicate, guard: bool
 ) -> list[EnqueuedJob | Duplicate]:
+    jobs = batch.jobs
     if all(job.unique_key is None for job in jobs):
-        return [*enqueued(jobs, run(conn, INSERT_JOBS, jobs))]
+        return [*enqueued(jobs, run(conn, INSERT_JOBS, batch))]
     if not guard:
         try:
-            return [*enqueued(jobs, run(conn, INSERT_JOBS, jobs))]
+            return [*enqueued(jobs, run(conn, INSERT_JOBS, batch))]
         except Exception as exc:
             if isinstance(translated_error(exc), UniqueConflict):
                 raise _Conflict from exc
             raise
     try:
         with conn.begin_nested():
-            return [*enqueued(jobs, run(conn, INSERT_JOBS, jobs))]
+            return [*enqueued(jobs, run(conn, INSERT_JOBS, batch))]
     except Exception as exc:
         if not isinstance(translated_error(exc), UniqueConflict):
             raise
@@ -238,11 +239,11 @@ def _one_by_one(
 def _alone(conn: Connection, job: Prepared) -> EnqueuedJob | None:
     """*job* inserted, or None when its unique key is taken (its savepoint rolled back)."""
     if job.unique_key is None:
-        (row,) = enqueued([job], run(conn, INSERT_JOBS, [job]))
+        (row,) = enqueued([job], run(conn, INSERT_JOBS, Batch([job], None)))
         return row
     try:
         with conn.begin_nested():
-            (row,) = enqueued([job], run(conn, INSERT_JOBS, [job]))
+            (row,) = enqueued([job], run(conn, INSERT_JOBS, Batch([job], None)))
             return row
     except Exception as exc:
         if not isinstance(translated_error(exc), UniqueConflict):

@@ -21,7 +21,8 @@ from awa_sa.enqueueing import OnDuplicate, prepare_batch
 from awa_sa.errors import ValidationError
 from awa_sa.forms import session_dialect
 from awa_sa.internals import run_in_greenlet
-from awa_sa.jobs import Duplicate, EnqueuedJob, NewJob, Prepared, prepare
+from awa_sa.jobs import Duplicate, EnqueuedJob, NewJob, batch_of, prepare
+from awa_sa.statements.enqueue import Batch
 from awa_sa.translation import translated_error
 from awa_sa.unique import Unique
 
@@ -56,7 +57,7 @@ async def enqueue(
         unique_opts=unique_opts,
         ordering_key=ordering_key,
     )
-    (row,) = await _within(bind, [prepare(job)], "raise")
+    (row,) = await _within(bind, batch_of([prepare(job)]), "raise")
     assert isinstance(row, EnqueuedJob)  # "raise" answers no Duplicate
     return row
 
@@ -79,7 +80,7 @@ async def enqueue_many(
     """Async :func:`awa_sa.enqueue_many`; same arguments, rows and errors."""
     _check_bind(bind)
     prepared = prepare_batch(jobs, on_duplicate)
-    return await _within(bind, prepared, on_duplicate) if prepared else []
+    return await _within(bind, prepared, on_duplicate) if prepared.jobs else []
 
 
 def _check_bind(bind: object) -> None:
@@ -94,9 +95,7 @@ def _check_bind(bind: object) -> None:
         )
 
 
-async def _within(
-    bind: AsyncBind, jobs: Sequence[Prepared], on_duplicate: OnDuplicate
-) -> list[Any]:
+async def _within(bind: AsyncBind, jobs: Batch, on_duplicate: OnDuplicate) -> list[Any]:
     if isinstance(bind, AsyncEngine):
         return await run_in_greenlet(sync.within, bind.sync_engine, jobs, on_duplicate)
     try:  # a Session's autobegin, or a connection not started

@@ -18,8 +18,16 @@ from functools import lru_cache
 from typing import Any
 
 from awa_sa.errors import ValidationError
-from awa_sa.statements.enqueue import JobValues, tags_literal
-from awa_sa.unique import Unique, states_bits, to_json, unique_key, unique_of
+from awa_sa.statements.enqueue import Batch, JobValues, batch_text, element, tags_literal
+from awa_sa.unique import (
+    Unique,
+    plain,
+    states_bits,
+    stored_as_written,
+    to_json,
+    unique_key,
+    unique_of,
+)
 
 MAX_NAME = 200
 """``awa.insert_job_compat``'s limit on a kind's and a queue's length, in characters."""
@@ -119,7 +127,8 @@ def _lower(char: str) -> bool:
 
 
 Prepared = JobValues
-"""A checked job: its statement values, its key in hex (None when not unique) and its tags."""
+"""A checked job: its statement values, its key in hex (None when not unique) and its tags;
+its args checked in full once :func:`batch_of` has seen them."""
 
 
 def prepare(job: object) -> Prepared:
@@ -145,14 +154,18 @@ def prepare(job: object) -> Prepared:
         metadata_json = to_json(metadata, "metadata")
     else:
         raise ValidationError(f"metadata must be a dict, got {type(metadata).__name__}")
-    args_json = to_json(payload)
     unique = unique_of(job.unique_opts)
-    key = None if unique is None else unique_key(kind, queue, args_json, unique)
+    if unique is None and plain(payload):
+        key = args_text = None
+    else:
+        args_text = to_json(payload)
+        key = None if unique is None else unique_key(kind, queue, args_text, unique)
+        payload = None
     run_at = _run_at(job.run_at)
-    return JobValues(
+    values = JobValues(
         kind,
         queue,
-        args_json,
+        payload,
         "available" if run_at is None else "scheduled",
         job.priority,
         job.max_attempts,
@@ -162,8 +175,52 @@ def prepare(job: object) -> Prepared:
         None if key is None else key.hex(),
         None if unique is None else states_bits(unique),
         _ordering_key(job.ordering_key),
+        args_text,
         tags,
+        {"kind": kind, "args": payload},
     )
+    if (
+        args_text is None
+        and queue == "default"
+        and job.priority == 2
+        and job.max_attempts == 25
+        and run_at is None
+        and metadata is None
+        and not tags
+        and job.ordering_key is None
+    ):
+        return values  # the common job: its batch element is its kind and args alone
+    return values._replace(element=element(values))
+
+
+def batch_of(jobs: list[Prepared]) -> Batch:
+    """Checked jobs ready to bind, or the first one's reason to refuse.
+
+    A job whose args go as a value (``args_text`` None) has only been walked by
+    :func:`~awa_sa.unique.plain`; what the walk leaves to the encoder's text (a NUL, a lone
+    surrogate) is checked here, in the batch's one text rather than in a text per job. Where
+    that text fails, each such job's args are written alone, which names the one to refuse.
+    """
+    if len(jobs) == 1:
+        (job,) = jobs
+        return Batch([job if job.args_text is not None else _as_text(job)], None)
+    elements = [job.element for job in jobs]
+    text = batch_text(elements)
+    if stored_as_written(text):
+        return Batch(jobs, text)
+    out = []
+    for index, job in enumerate(jobs):
+        try:
+            out.append(job if job.args_text is not None else _as_text(job))
+        except ValidationError as exc:
+            raise ValidationError(f"jobs[{index}]: {exc}") from exc
+    return Batch(out, batch_text([element(job) for job in out]))
+
+
+def _as_text(job: Prepared) -> Prepared:
+    """*job* with its args written by :func:`~awa_sa.unique.to_json` (which checks them)."""
+    job = job._replace(args=None, args_text=to_json(job.args))
+    return job._replace(element=element(job))
 
 
 def _args(args: object) -> tuple[object, str]:

@@ -103,14 +103,26 @@ def encoded(value: object) -> str | None:
     if not _plain([value], -1):
         return None
     text = _C_ENCODE(value)
+    return text if stored_as_written(text) else None
+
+
+def plain(value: object) -> bool:
+    """Whether any C encoder text of *value* holds :func:`written`'s JSON value, short of the
+    strings :func:`stored_as_written` checks in that text (a NUL, a lone surrogate)."""
+    return _plain([value], -1)
+
+
+def stored_as_written(text: str) -> bool:
+    """Whether the C encoder's *text* of values :func:`plain` admits holds no escaped NUL
+    and no lone surrogate (which the writer refuses); a whole batch is checked at once."""
     if "\\u0000" in text:
-        return None
+        return False
     if not text.isascii():
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:
-            return None
-    return text
+            return False
+    return True
 
 
 def _plain(container: list[Any] | dict[str, Any], depth: int) -> bool:

@@ -6,13 +6,21 @@ on the canonical plane, ``ready_entries`` or ``deferred_jobs`` of the routing sc
 routing is flipped), takes the unique claim and notifies the queue's listeners. This statement
 only feeds it rows: writing its tables here would fork Awa's routing rules.
 
-One job binds scalars. A batch binds one parameter, a JSON array with one array of values per
-job, and calls the function once per element, in a LATERAL join ordered by the element's
-position, so a batch of any size is one statement and its rows come back in input order. One
-JSON text costs the client one pass of the stdlib's C encoder where twelve arrays cost the
-driver a Python loop over every value, escapes included; the server reads either in a small
-part of what the function itself costs. Values travel as text where a driver would otherwise
-adapt them its own way (JSON, timestamps, bytes as hex, tags as an array literal).
+One job binds scalars, as text where a driver would otherwise adapt them its own way (JSON,
+timestamps, bytes as hex, tags as an array literal). A batch binds one parameter, a JSON array
+with one object per job (:func:`element`), and calls the function once per object, in a
+LATERAL join ordered by a position each object carries, so a batch of any size is one
+statement and its rows come back in input order. One JSON text costs the client one pass of
+the stdlib's C encoder where twelve arrays cost the driver a Python loop over every value.
+
+The server reads the objects with ``jsonb_to_recordset`` into typed columns, each value through
+its type's input function once, rather than with twelve ``->>`` and casts per job (backend
+CPU: docs/performance.md#enqueue). An object leaves out what the function takes a NULL for (its
+``COALESCE`` to the defaults awa-pg also uses), so the common job is its kind and args alone:
+less to write, send and parse. Its ``args`` are a JSON value inside the array, parsed once with
+it; only args whose text awa-sa writes its own way (what the C encoder does not write as
+serde_json does, :mod:`awa_sa.unique`, and a unique job's, whose text is hashed anyway) go as
+that text, under ``args_text``, cast to ``jsonb`` in their place: the same stored value.
 
 Only what the client cannot know comes back: the id, ``run_at`` and ``created_at`` the
 function stamped, and ``args`` and ``metadata`` as stored (``jsonb`` orders keys and writes
@@ -28,6 +36,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import (
     BigInteger,
+    Integer,
     Select,
     SmallInteger,
     Text,
@@ -49,19 +58,20 @@ from awa_sa.tables import Timestamp, job_state, job_unique_claims
 class JobValues(NamedTuple):
     """One job as the statement binds it: every value already validated and encoded.
 
-    ``args`` and ``metadata`` are JSON text, ``tags`` a ``text[]`` literal, ``unique_key`` and
+    ``args`` is the JSON-able value itself when ``args_text`` is None (its C encoder text is
+    awa-sa's, checked by :func:`awa_sa.jobs.batch_of`), else None beside that text.
+    ``metadata`` is JSON text, ``tags`` a ``text[]`` literal, ``unique_key`` and
     ``ordering_key`` hex, ``run_at`` an ISO 8601 text with its offset, ``unique_states`` the
     BIT(8) text. A tuple, so that a batch is written as JSON arrays in this field order.
 
-    ``tag_list`` is not bound (a batch's array carries it, the statement reads no further than
-    ``ordering_key``): the tags as the typed row gives them back, kept in this one object per
-    job rather than in a second one beside it, and as a tuple, so that a job's values hold no
-    mutable object and the garbage collector stops tracking them once it has seen them.
+    ``tag_list`` is not bound: the tags as the typed row gives them back (and a batch's
+    element sends them). ``element`` is the job as a batch sends it (:func:`element`), made
+    with the values.
     """
 
     kind: str
     queue: str
-    args: str
+    args: Any
     state: str
     priority: int
     max_attempts: int
@@ -71,28 +81,110 @@ class JobValues(NamedTuple):
     unique_key: str | None
     unique_states: str | None
     ordering_key: str | None
+    args_text: str | None
     tag_list: tuple[str, ...]
+    element: dict[str, Any]
+
+
+class Batch(NamedTuple):
+    """Checked jobs, and for more than one the JSON array a batch binds (written once)."""
+
+    jobs: Sequence[JobValues]
+    text: str | None
 
 
 _FIELDS = tuple(
     (f"b_{name}", name, SmallInteger if name in ("priority", "max_attempts") else Text)
-    for name in JobValues._fields[:-1]
+    for name in JobValues._fields[:12]
 )
 _BATCH = "b_jobs"
+_POSITION = "position"
+_DEFAULTS = {"queue": "default", "state": "available", "priority": 2, "max_attempts": 25}
+"""What ``awa.insert_job_compat`` takes a NULL for (its ``COALESCE``): left out of a batch."""
+_ELEMENT = (
+    column("kind", Text),
+    column("queue", Text),
+    column("args", JSONB),
+    column("state", job_state),
+    column("priority", SmallInteger),
+    column("max_attempts", SmallInteger),
+    column("run_at", Timestamp),
+    column("metadata", Text),
+    column("tags", ARRAY(Text)),
+    column("unique_key", BYTEA),
+    column("unique_states", BIT(8)),
+    column("ordering_key", BYTEA),
+    column("args_text", Text),
+    column(_POSITION, Integer),
+)
 
 
-def _given(batch: bool) -> tuple[Any, dict[str, ColumnElement[Any]]]:
-    """The bound jobs as rows, and each field as a column of them (text in a batch)."""
+def element(job: JobValues) -> dict[str, Any]:
+    """*job* as one object of a batch's array: its values by name, those the function takes a
+    NULL for left out, bytes as ``bytea``'s ``\\x`` text, tags as a JSON array."""
+    out: dict[str, Any] = {"kind": job.kind}
+    if job.args_text is None:
+        out["args"] = job.args
+    else:
+        out["args_text"] = job.args_text
+    for name, default in _DEFAULTS.items():
+        value = getattr(job, name)
+        if value != default:
+            out[name] = value
+    if job.run_at is not None:
+        out["run_at"] = job.run_at
+    if job.metadata != "{}":
+        out["metadata"] = job.metadata
+    if job.tag_list:
+        out["tags"] = job.tag_list
+    for name in ("unique_key", "ordering_key"):
+        if getattr(job, name) is not None:
+            out[name] = "\\x" + getattr(job, name)
+    if job.unique_states is not None:
+        out["unique_states"] = job.unique_states
+    return out
+
+
+def _given(batch: bool) -> tuple[Any, list[ColumnElement[Any]]]:
+    """The bound jobs as rows, and the function's arguments from them."""
     if not batch:
         row = bound_row(_FIELDS).subquery("given")
-        return row, {name: row.c[name] for _, name, _ in _FIELDS}
+        c = row.c
+        return row, [
+            c.kind,
+            c.queue,
+            cast(c.args, JSONB),
+            cast(c.state, job_state),
+            c.priority,
+            c.max_attempts,
+            cast(c.run_at, Timestamp),
+            cast(c.metadata, JSONB),
+            cast(c.tags, ARRAY(Text)),
+            _hex(c.unique_key),
+            cast(c.unique_states, BIT(8)),
+            _hex(c.ordering_key),
+        ]
     rows = (
-        func.jsonb_array_elements(cast(bindparam(_BATCH, type_=Text), JSONB))
-        .table_valued(column("job", JSONB), with_ordinality="ord")
-        .render_derived(name="given")
+        func.jsonb_to_recordset(cast(bindparam(_BATCH, type_=Text), JSONB))
+        .table_valued(*_ELEMENT)
+        .render_derived(name="given", with_types=True)
     )
-    field = rows.c.job.op("->>", return_type=Text)
-    return rows, {name: field(literal_column(str(n))) for n, (_, name, _) in enumerate(_FIELDS)}
+    c = rows.c
+    args = func.coalesce(cast(c.args_text, JSONB), c.args, type_=JSONB)
+    return rows, [
+        c.kind,
+        c.queue,
+        args,
+        c.state,
+        c.priority,
+        c.max_attempts,
+        c.run_at,
+        cast(c.metadata, JSONB),
+        c.tags,
+        c.unique_key,
+        c.unique_states,
+        c.ordering_key,
+    ]
 
 
 def _hex(value: ColumnElement[Any]) -> ColumnElement[Any]:
@@ -102,23 +194,9 @@ def _hex(value: ColumnElement[Any]) -> ColumnElement[Any]:
 @statement
 def insert_jobs(*, batch: bool) -> Select[Any]:
     """``awa.insert_job_compat`` once per bound job, its rows in input order."""
-    given, c = _given(batch)
-    small = (lambda v: cast(v, SmallInteger)) if batch else (lambda v: v)
+    given, arguments = _given(batch)
     job = (
-        func.awa.insert_job_compat(
-            c["kind"],
-            c["queue"],
-            cast(c["args"], JSONB),
-            cast(c["state"], job_state),
-            small(c["priority"]),
-            small(c["max_attempts"]),
-            cast(c["run_at"], Timestamp),
-            cast(c["metadata"], JSONB),
-            cast(c["tags"], ARRAY(Text)),
-            _hex(c["unique_key"]),
-            cast(c["unique_states"], BIT(8)),
-            _hex(c["ordering_key"]),
-        )
+        func.awa.insert_job_compat(*arguments)
         .table_valued(
             column("id", BigInteger),
             column("run_at", Timestamp),
@@ -135,20 +213,30 @@ def insert_jobs(*, batch: bool) -> Select[Any]:
         cast(job.c.args, Text).label("args"),
         cast(job.c.metadata, Text).label("metadata"),
     ).select_from(given.join(job, literal_column("true")))
-    return query.order_by(given.c.ord) if batch else query
+    return query.order_by(given.c[_POSITION]) if batch else query
 
 
 _ENCODE = json.JSONEncoder(ensure_ascii=False, check_circular=False, separators=(",", ":")).encode
 
 
-def _binds(jobs: Sequence[JobValues]) -> Mapping[str, Any]:
-    if len(jobs) == 1:
-        return dict(zip([bind for bind, _, _ in _FIELDS], jobs[0], strict=False))
-    return {_BATCH: _ENCODE(jobs)}
+def batch_text(elements: list[dict[str, Any]]) -> str:
+    """The JSON array a batch binds: its jobs' :func:`element` objects, numbered in order."""
+    for position, item in enumerate(elements):
+        item[_POSITION] = position
+    return _ENCODE(elements)
 
 
-INSERT_JOBS: Query[Sequence[JobValues], Rows] = Query(
-    shape=lambda jobs: insert_jobs(batch=len(jobs) > 1),
+def _binds(batch: Batch) -> Mapping[str, Any]:
+    if batch.text is None:
+        (job,) = batch.jobs
+        values = dict(zip([bind for bind, _, _ in _FIELDS], job, strict=False))
+        values["b_args"] = _ENCODE(job.args) if job.args_text is None else job.args_text
+        return values
+    return {_BATCH: batch.text}
+
+
+INSERT_JOBS: Query[Batch, Rows] = Query(
+    shape=lambda batch: insert_jobs(batch=batch.text is not None),
     binds=_binds,
     read=lambda rows: rows,
     by_position=True,

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 import awa_sa
 from awa_sa import NewJob, ValidationError
-from awa_sa.jobs import derive_kind
+from awa_sa.jobs import batch_of, derive_kind, prepare
 
 
 @pytest.fixture
@@ -78,6 +78,32 @@ def test_a_batch_names_the_refused_job(nowhere: sa.Engine) -> None:
     with pytest.raises(ValidationError, match=r"jobs\[0\]: a job must be"):
         awa_sa.enqueue_many(nowhere, [{"a": 1}])  # type: ignore[list-item]
     assert awa_sa.enqueue_many(nowhere, []) == []
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"), [({"a": ["x\x00"]}, "NUL"), ({"k\ud800": 1}, "not valid Unicode")]
+)
+def test_a_batch_names_the_job_whose_args_its_one_text_refuses(
+    nowhere: sa.Engine, bad: dict[str, Any], message: str
+) -> None:
+    # A batch checks its plain args for NUL and lone surrogates in its one JSON text, not
+    # job by job: the refusal must still name the job, wherever it is.
+    jobs = [NewJob({"a": n}) for n in range(5)]
+    jobs[3] = NewJob(bad)
+    with pytest.raises(ValidationError, match=rf"jobs\[3\]: .*{message}"):
+        awa_sa.enqueue_many(nowhere, jobs)
+
+
+def test_a_batch_sends_plain_args_as_values_and_the_rest_as_texts() -> None:
+    plain = [prepare(NewJob({"a": n})) for n in range(2)]
+    assert [job.args_text for job in batch_of(plain).jobs] == [None, None]
+    # 1e-7 is written 1e-07 by the C encoder: that job's args go as awa-sa's own text.
+    mixed = batch_of([*plain, prepare(NewJob({"f": 1e-7}))]).jobs
+    assert [job.args_text for job in mixed] == [None, None, '{"f":1e-7}']
+    # Six characters that look like an escaped NUL in the batch's text: all go as texts.
+    looks = batch_of([*plain, prepare(NewJob({"s": "\\u0000"}))]).jobs
+    assert [job.args_text for job in looks] == ['{"a":0}', '{"a":1}', '{"s":"\\\\u0000"}']
+    assert [job.args for job in looks] == [None, None, None]
 
 
 def test_a_bind_that_is_not_one_is_refused() -> None:

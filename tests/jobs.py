@@ -126,14 +126,21 @@ def snapshot(conn: sa.Connection, schemas: Sequence[str] = ("awa", "awa_qs")) ->
     names = list(CANONICAL_TABLES) + [f"{s}.{t}" for s in schemas for t in QS_TABLES]
     for name in dict.fromkeys(names):
         out[name] = conn.execute(sa.text(f"SELECT t::text FROM {name} t ORDER BY 1")).all()
-    out["sequences"] = conn.execute(
-        sa.text(
-            "SELECT schemaname, sequencename, last_value FROM pg_sequences"
-            " WHERE schemaname = ANY(:s) ORDER BY 1, 2"
-        ),
-        {"s": list(schemas)},
-    ).all()
+    out["sequences"] = sequences(conn, schemas)
     return out
+
+
+def sequences(conn: sa.Connection, schemas: Sequence[str]) -> list[Any]:
+    """Every sequence of *schemas* with its last value, in name order."""
+    return list(
+        conn.execute(
+            sa.text(
+                "SELECT schemaname, sequencename, last_value FROM pg_sequences"
+                " WHERE schemaname = ANY(:s) ORDER BY 1, 2"
+            ),
+            {"s": list(schemas)},
+        ).all()
+    )
 
 
 def snapshot_of(engine: sa.Engine, schemas: Sequence[str] = ("awa", "awa_qs")) -> dict[str, Any]:
@@ -157,13 +164,7 @@ def every_row(engine: sa.Engine, schemas: Sequence[str] = ("awa", "awa_qs")) -> 
         ).scalars()
         legs = [f"SELECT '{t}', ARRAY(SELECT x::text FROM {t} AS x ORDER BY 1)" for t in tables]
         out: dict[str, Any] = dict(conn.execute(sa.text(" UNION ALL ".join(legs))).all())
-        out["sequences"] = conn.execute(
-            sa.text(
-                "SELECT schemaname, sequencename, last_value FROM pg_sequences"
-                " WHERE schemaname = ANY(:s) ORDER BY 1, 2"
-            ),
-            {"s": list(schemas)},
-        ).all()
+        out["sequences"] = sequences(conn, schemas)
     return out
 
 

@@ -14,7 +14,7 @@ VOLATILE, so it reads with a fresh snapshot, and the writer holds the singleton 
 until it commits, so what it reads is what was committed then and until the write committed.
 Afterwards: no canonical write while routing was queue storage, no queue-storage write while
 it was canonical, every outcome backed by its write, and every job in exactly one place.
-``AWA_SA_FLAP_CYCLES`` sets the number of cycles (default 12 per cluster).
+``AWA_SA_FLAP_CYCLES`` sets the number of cycles (default 8 per cluster).
 
 Checked against a mutant that routes the same statement with the function call instead of the
 locked row: it fails here with about five canonical writes per cycle under queue-storage
@@ -49,7 +49,7 @@ from awa_sa import (
 
 pytestmark = pytest.mark.slow  # a bounded soak of flapping transitions, a few seconds per cluster
 
-CYCLES = int(os.environ.get("AWA_SA_FLAP_CYCLES", "12"))
+CYCLES = int(os.environ.get("AWA_SA_FLAP_CYCLES", "8"))
 SCHEMA = "awa_qs"
 CALLS_PER_PHASE = 3  # per caller
 BATCH = 3

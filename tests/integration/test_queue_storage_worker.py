@@ -46,8 +46,9 @@ already settled. On ``compact_q`` the handler's settle is refused (``CompactRece
 every row of the planes as it was and its transaction still usable, and the handler then
 answers as on the runtime's side, so the runtime ends the job as in its own run. Its claim
 steps (which follow the runtime's completion of the case before) and its shutdown must equal
-the runtime run's, and so must its settle steps. The runtime is also compared with itself on a
-second cluster, which proves the capture and the normalisation deterministic at every level.
+the runtime run's, and so must its settle steps. On demand (``AWA_SA_RUNTIME_TWICE=1``) the
+runtime is also compared with itself on a second cluster, which proves the capture and the
+normalisation deterministic at every level.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ import bisect
 import datetime as dt
 import itertools
 import json
+import os
 import re
 import time
 import uuid
@@ -1058,12 +1060,18 @@ def test_the_runtime_writes_each_ending_as_observed(lab: Lab, schema: str) -> No
         assert run.final[table] == (), table
 
 
+@pytest.mark.skipif(
+    not os.environ.get("AWA_SA_RUNTIME_TWICE"),
+    reason="the harness's own check, on demand (AWA_SA_RUNTIME_TWICE=1)",
+)
 @pytest.mark.parametrize("schema", ["awa_qs"])
 def test_the_runtime_writes_the_same_rows_twice(lab: Lab, schema: str) -> None:
     """Two runs of the runtime on two fresh clusters compare equal at every level: the capture
     and the normalisation leave nothing to timing, so a difference against awa-sa is awa-sa's.
-    On the sampled cluster only (every value of every dimension, 9 s): the full matrix's second
-    run would cost the CI 20 s more for the same proof."""
+    On the sampled cluster only (every value of every dimension). Not in the suite: the awa-sa
+    runs compare their claim and shutdown steps, the runtime's own rows, with the runtime run's
+    at every level already, so a capture that timing could change fails there too; this tells
+    the harness's fault from awa-sa's when one does."""
     first, again = lab.run(schema, "runtime"), lab.run(schema, "runtime again")
     assert_same(first, again, ("run 1", "run 2"), "clocks")
     assert first.runs == again.runs == Counter({case.name: 1 for case in first.cases})

@@ -2,7 +2,7 @@
 
 The harness is ``soak.py``; this file runs it twice: on the Alembic fixture with emulated
 transitions, and shortened on a real ``awa migrate`` cluster with Awa's ``awa.storage_*``
-functions. Both runs are bounded (16 s + 8 s by default); ``AWA_SA_SOAK_SECONDS`` sets
+functions. Both runs are bounded (10 s + 5 s by default); ``AWA_SA_SOAK_SECONDS`` sets
 the fixture run's length (the real run gets half). Figures are printed (``pytest -s``) and
 written to ``soak-<kind>.json`` in the test's own temporary directory (pytest keeps the last
 three runs' under its base temporary directory).
@@ -18,9 +18,9 @@ import sqlalchemy as sa
 from racing import EmulatedTransitions, RealTransitions
 from soak import Report, Soak, SoakConfig, format_report, write_report
 
-pytestmark = pytest.mark.slow  # two bounded soaks, 24 s together
+pytestmark = pytest.mark.slow  # two bounded soaks, 15 s together
 
-SOAK_SECONDS = float(os.environ.get("AWA_SA_SOAK_SECONDS", "16"))
+SOAK_SECONDS = float(os.environ.get("AWA_SA_SOAK_SECONDS", "10"))
 
 
 def _finish(report: Report, directory: Path) -> None:

@@ -1,4 +1,9 @@
-"""The ``awa-sa`` command end to end, as a user runs it: a subprocess, real servers, real rows."""
+"""The ``awa-sa`` command end to end on real servers and real rows.
+
+As a user runs it, a subprocess, where only a real process proves it: the entry point,
+``$DATABASE_URL``, the demo's own server, Ctrl-C. The rest calls the entry function in this
+process (tests/command_line.py), the same command for a fraction of the CPU (issue 39).
+"""
 
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from pathlib import Path
 import psycopg
 import pytest
 import sqlalchemy as sa
-from command_line import assert_one_line_error, awa_sa_cmd, printed_blocks
+from command_line import assert_one_line_error, awa_sa_cmd, awa_sa_in_process, printed_blocks
 from conftest import Cluster, database_url
 from racing import in_thread
 
@@ -44,7 +49,7 @@ def demo_databases(pg: EmbeddedPostgres) -> list[str]:
 
 
 def test_demo_on_existing_server(pg: EmbeddedPostgres) -> None:
-    proc = awa_sa_cmd("-v", "demo", "--url", database_url(pg, "postgres"))
+    proc = awa_sa_in_process("-v", "demo", "--url", database_url(pg, "postgres"))
     assert proc.returncode == 0, proc.stderr
     # -v: the library's own log records (logger awa_sa) reach stderr.
     assert re.search(r"awa_sa DEBUG .*Migrated", proc.stderr)
@@ -130,7 +135,7 @@ def test_demo_drops_its_database_after_a_ctrl_c_in_the_middle_of_a_connect(
 
 
 def test_demo_unreachable_server() -> None:
-    proc = awa_sa_cmd("demo", "--url", "postgresql://postgres@127.0.0.1:1/postgres")
+    proc = awa_sa_in_process("demo", "--url", "postgresql://postgres@127.0.0.1:1/postgres")
     assert_one_line_error(proc, "Connection refused")
 
 
@@ -161,7 +166,7 @@ def test_every_printed_statement_prepares(
 ) -> None:
     """PostgreSQL parses and plans each printed statement against a v040 schema with awa_qs."""
     url = clone_database(request.getfixturevalue(f"{kind}_template"))
-    proc = awa_sa_cmd("sql", "--schema", "awa_qs")
+    proc = awa_sa_in_process("sql", "--schema", "awa_qs")
     assert proc.returncode == 0, proc.stderr
     engine = sa.create_engine(url, poolclass=sa.NullPool)
     with engine.connect() as conn:
@@ -180,7 +185,7 @@ def test_every_printed_statement_prepares(
 
 
 def status_json(url: str) -> dict[str, object]:
-    proc = awa_sa_cmd("status", "--url", url, "--json")
+    proc = awa_sa_in_process("status", "--url", url, "--json")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert isinstance(data, dict)
@@ -220,7 +225,7 @@ def test_status_on_fixture_in_each_phase(
     assert data["canonical_live_backlog"] == 3
     assert data["finalize_ready"] is False
 
-    text = awa_sa_cmd("status", "--url", db_url)
+    text = awa_sa_in_process("status", "--url", db_url)
     assert text.returncode == 0, text.stderr
     assert f"phase        {state} (epoch {epoch})" in text.stdout
     assert "awa.jobs_hot: running 2, completed 1" in text.stdout
@@ -242,7 +247,7 @@ def test_status_on_real_cluster(
     assert (data["phase"], data["epoch"], data["routing"]) == ("mixed_transition", 2, "awa_qs")
     assert data["queue_storage_schema"] == "awa_qs"
     assert data["deferred_jobs"] == {}
-    text = awa_sa_cmd("status", "--url", cluster.url)
+    text = awa_sa_in_process("status", "--url", cluster.url)
     assert "finalize     blocked: canonical live backlog 2" in text.stdout
 
     with cluster.engine.begin() as conn:
@@ -286,16 +291,16 @@ def test_status_accepts_awa_style_url(pg: EmbeddedPostgres, db_url: str) -> None
     ],
 )
 def test_status_bad_urls(url: str, fragment: str) -> None:
-    assert_one_line_error(awa_sa_cmd("status", "--url", url), fragment)
+    assert_one_line_error(awa_sa_in_process("status", "--url", url), fragment)
 
 
 def test_status_missing_database(pg: EmbeddedPostgres) -> None:
-    proc = awa_sa_cmd("status", "--url", database_url(pg, "no_such_db"))
+    proc = awa_sa_in_process("status", "--url", database_url(pg, "no_such_db"))
     assert_one_line_error(proc, 'database "no_such_db" does not exist')
 
 
 def test_status_not_an_awa_cluster(pg: EmbeddedPostgres) -> None:
-    proc = awa_sa_cmd("status", "--url", database_url(pg, "postgres"))
+    proc = awa_sa_in_process("status", "--url", database_url(pg, "postgres"))
     assert_one_line_error(proc, "not an Awa cluster")
 
 
@@ -305,11 +310,11 @@ def test_status_wrong_version(engine: sa.Engine, db_url: str) -> None:
             "INSERT INTO awa.schema_version (version, description, applied_at) "
             "VALUES (43, 'newer awa', now())"
         )
-    assert_one_line_error(awa_sa_cmd("status", "--url", db_url), "Awa schema is v043")
+    assert_one_line_error(awa_sa_in_process("status", "--url", db_url), "Awa schema is v043")
 
 
 def test_status_hides_password() -> None:
-    proc = awa_sa_cmd("status", "--url", "postgresql://u:s3cret@127.0.0.1:1/db")
+    proc = awa_sa_in_process("status", "--url", "postgresql://u:s3cret@127.0.0.1:1/db")
     assert_one_line_error(proc)
     assert "s3cret" not in proc.stderr
 

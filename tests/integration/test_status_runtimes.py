@@ -26,7 +26,7 @@ from typing import Any
 import awa
 import pytest
 import sqlalchemy as sa
-from command_line import awa_sa_cmd
+from command_line import awa_sa_in_process
 from conftest import Cluster, run_awa
 
 from awa_sa.tools.status import ClusterStatus, read_status, runtime_instances
@@ -110,7 +110,7 @@ def finalize(cluster: Cluster) -> str:
 
 
 def status(cluster: Cluster) -> tuple[ClusterStatus, str]:
-    text = awa_sa_cmd("status", "--url", cluster.url)
+    text = awa_sa_in_process("status", "--url", cluster.url)
     assert text.returncode == 0, text.stderr
     return read_status(cluster.engine), text.stdout
 

@@ -6,7 +6,7 @@ import re
 import subprocess
 
 import pytest
-from command_line import assert_one_line_error, awa_sa_cmd, printed_blocks
+from command_line import assert_one_line_error, awa_sa_in_process, printed_blocks
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 
 from awa_sa import queue_storage as qs
@@ -17,8 +17,8 @@ from awa_sa.tools.listing import compile_statement
 @pytest.fixture(scope="module")
 def listed() -> subprocess.CompletedProcess[str]:
     """``awa-sa sql`` run once for the module's tests that read the default listing: each run
-    compiles every statement in a fresh interpreter, a second of CPU (issue 39)."""
-    return awa_sa_cmd("sql")
+    compiles every statement (issue 39)."""
+    return awa_sa_in_process("sql")
 
 
 def expected_statements(schema: str) -> list[str]:
@@ -36,7 +36,7 @@ def same_tokens(printed: list[str], expected: list[str]) -> bool:
 
 
 def test_sql_lists_every_builder_exactly_as_compiled() -> None:
-    proc = awa_sa_cmd("sql", "--schema", "awa_qs")
+    proc = awa_sa_in_process("sql", "--schema", "awa_qs")
     assert proc.returncode == 0, proc.stderr
     printed = [sql for _, sql in printed_blocks(proc.stdout)]
     expected = expected_statements("awa_qs")
@@ -65,7 +65,9 @@ def test_sql_default_schema_is_awa(listed: subprocess.CompletedProcess[str]) -> 
 
 
 def test_sql_rejects_invalid_schema() -> None:
-    assert_one_line_error(awa_sa_cmd("sql", "--schema", "Bad-Name"), "invalid SQL identifier")
+    assert_one_line_error(
+        awa_sa_in_process("sql", "--schema", "Bad-Name"), "invalid SQL identifier"
+    )
 
 
 def test_sql_is_laid_out_for_review(listed: subprocess.CompletedProcess[str]) -> None:
@@ -79,7 +81,7 @@ def test_sql_is_laid_out_for_review(listed: subprocess.CompletedProcess[str]) ->
 
 
 def test_status_without_a_database_names_both_ways_to_give_one() -> None:
-    proc = awa_sa_cmd("status")  # $DATABASE_URL is unset for the command
+    proc = awa_sa_in_process("status")  # $DATABASE_URL is unset for the command
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
         "Error: no database given: pass --url URL, or set $DATABASE_URL"

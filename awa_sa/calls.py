@@ -217,7 +217,7 @@ def prepare_receipt(
         attempt.run_lease,
         attempt.claim_slot,
         attempt.receipt_id,
-        None,
+        None,  # batch_id and batch_index: the statement's compact branch is cancel_job's alone
         None,
         tag,
         message,

@@ -19,6 +19,7 @@ import awa
 import psycopg
 import sqlalchemy as sa
 from conftest import cloned
+from jobs import plane_tables
 from runtimes import hold_leadership, pg_url
 
 import awa_sa
@@ -33,6 +34,8 @@ UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}
 """A callback id: random on each twin, so masked like a clock."""
 MARKER = "awa_sa_test_step"
 BOOKKEEPING = (
+    "runtime_instances",
+    "runtime_storage_backends",
     "queue_descriptors",
     "job_kind_descriptors",
     "queue_claimer_leases",
@@ -43,20 +46,6 @@ BOOKKEEPING = (
 class Twin(NamedTuple):
     url: str
     engine: sa.Engine
-
-
-def _tables(conn: sa.Connection, schemas: Sequence[str]) -> list[str]:
-    return list(
-        conn.execute(
-            sa.text(
-                "SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n"
-                " ON n.oid = c.relnamespace WHERE n.nspname = ANY(:schemas)"
-                " AND c.relkind IN ('r', 'p') AND NOT c.relispartition"
-                " AND c.relname NOT LIKE 'runtime_%' AND c.relname <> ALL(:kept) ORDER BY 1"
-            ),
-            {"schemas": list(schemas), "kept": list(BOOKKEEPING)},
-        ).scalars()
-    )
 
 
 def masked(text: str) -> str:
@@ -71,7 +60,7 @@ def snapshot(engine: sa.Engine, schemas: Sequence[str] = ("awa",)) -> dict[str, 
                 masked(text)
                 for text in conn.execute(sa.text(f"SELECT t::text FROM {table} t")).scalars()
             )
-            for table in _tables(conn, schemas)
+            for table in plane_tables(conn, schemas, BOOKKEEPING)
         }
         out["sequences"] = [
             str(tuple(row))

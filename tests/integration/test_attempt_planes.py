@@ -44,6 +44,7 @@ import awa
 import pytest
 import sqlalchemy as sa
 from conftest import _janitor, database_url, run_awa
+from jobs import plane_tables
 from runtimes import STILL, hold_leadership, pg_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
@@ -344,29 +345,17 @@ SNOOZE = Snooze(3600)
 COMPLETE = Complete()
 """Long enough that the target runtime never promotes A's successor during a scenario."""
 
-CLAIMERS = ("queue_claimer_state", "queue_claimer_leases")
-
-OWN_CLOCK = frozenset(
-    {
-        "awa.runtime_instances",
-        "awa.queue_descriptors",
-        "awa.job_kind_descriptors",
-        *(f"{schema}.{table}" for schema in ("awa", "awa_qs") for table in CLAIMERS),
-    }
+OWN_CLOCK = (
+    "runtime_instances",
+    "queue_descriptors",
+    "job_kind_descriptors",
+    "queue_claimer_state",
+    "queue_claimer_leases",
 )
 """What the runtimes rewrite on their own clock, left out of a snapshot: their liveness
 snapshot, their descriptors' ``last_seen_at`` (refreshed every 10 s, and at shutdown), and
 their claimers' leases and target counts. None of it names a job: a change there says nothing
 about what a call or a completion wrote."""
-
-TABLES = """
-    SELECT format('%I.%I', n.nspname, c.relname)
-    FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
-    WHERE n.nspname IN ('awa', 'awa_qs') AND c.relkind IN ('r', 'p') AND NOT c.relispartition
-    ORDER BY 1
-"""
-"""Every table of both planes, receipts and closures too; a partitioned one through its
-parent. Read from the catalog, so a table Awa adds is covered without a list to update."""
 
 SEQUENCES = """
     SELECT format('%s.%s', schemaname, sequencename), last_value
@@ -380,7 +369,7 @@ def planes(engine: sa.Engine) -> Snapshot:
     """Every row of every table of both planes, and every sequence, as of one snapshot."""
     with engine.connect() as conn:
         conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        tables = [t for t in conn.execute(sa.text(TABLES)).scalars() if t not in OWN_CLOCK]
+        tables = plane_tables(conn, ("awa", "awa_qs"), OWN_CLOCK)
         out: Snapshot = {
             t: list(conn.execute(sa.text(f"SELECT t::text FROM {t} AS t ORDER BY 1")).scalars())
             for t in tables

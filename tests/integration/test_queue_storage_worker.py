@@ -72,6 +72,7 @@ import awa
 import pytest
 import sqlalchemy as sa
 from conftest import QUIESCED_FLIP, _janitor, database_url, run_awa
+from jobs import plane_tables
 from pytest_postgresql.janitor import DatabaseJanitor
 from runtimes import hold_leadership, pg_url, until_idle
 
@@ -306,14 +307,6 @@ OWN_CLOCK = frozenset(
 """What the runtimes rewrite on their own clock and that names no job: liveness snapshots,
 descriptors' ``last_seen_at``, the claimers' leases and target counts."""
 
-TABLES = """
-    SELECT n.nspname, c.relname
-    FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
-    WHERE n.nspname = ANY(:schemas) AND c.relkind IN ('r', 'p') AND NOT c.relispartition
-    ORDER BY 1, 2
-"""
-"""Every table of the planes, a partitioned one through its parent, read from the catalog."""
-
 SEQUENCES = """
     SELECT schemaname || '.' || sequencename, last_value
     FROM pg_sequences WHERE schemaname = ANY(:schemas) ORDER BY 1
@@ -330,17 +323,15 @@ class Capturer:
         self.engine = engine
         self.schemas = schemas
         self.pool: dict[str, str] = {}
-        self.reads: dict[tuple[tuple[str, str], ...], sa.TextClause] = {}
+        self.reads: dict[tuple[str, ...], sa.TextClause] = {}
 
-    def _read(self, tables: tuple[tuple[str, str], ...]) -> sa.TextClause:
+    def _read(self, tables: tuple[str, ...]) -> sa.TextClause:
         """One statement for every table: a capture is taken many times a case, and a
         statement per table made it a hundred round trips."""
         if tables not in self.reads:
             legs = [
-                f"SELECT '{schema}.{table}', ARRAY(SELECT to_jsonb(t)::text "
-                f'FROM "{schema}"."{table}" AS t ORDER BY 1)'
-                for schema, table in tables
-                if table not in OWN_CLOCK
+                f"SELECT '{table}', ARRAY(SELECT to_jsonb(t)::text FROM {table} AS t ORDER BY 1)"
+                for table in tables
             ]
             self.reads[tables] = sa.text(" UNION ALL ".join(legs))
         return self.reads[tables]
@@ -351,7 +342,7 @@ class Capturer:
         with self.engine.connect() as conn:
             conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             binds = {"schemas": self.schemas}
-            tables = tuple((s, t) for s, t in conn.execute(sa.text(TABLES), binds).all())
+            tables = tuple(plane_tables(conn, self.schemas, OWN_CLOCK))
             out: Capture = {
                 name: tuple(pool.setdefault(t, t) for t in texts)
                 for name, texts in conn.execute(self._read(tables)).all()

@@ -19,7 +19,7 @@ from awa_sa.statements.admin_qs_retry import (
     removed_deltas,
     with_ready_columns,
 )
-from awa_sa.statements.admin_queue_storage import claims_in
+from awa_sa.statements.receipt_writes import claims_in
 from awa_sa.statements.registry import statement
 from awa_sa.statements.sql import state
 from awa_sa.tables import JOB_STATES, job_unique_claims

@@ -48,8 +48,8 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from awa_sa import queue_storage as qs
 from awa_sa.internals import SchemaTranslatedFunction
 from awa_sa.runtime_tables import queue_meta, queue_terminal_rollups, ready_segments
-from awa_sa.statements.admin_queue_storage import claims_in
 from awa_sa.statements.duplicate import counter_bucket
+from awa_sa.statements.receipt_writes import claims_in
 from awa_sa.statements.registry import statement
 from awa_sa.statements.sql import EMPTY_OBJECT, SHARD0, distinct_on, state
 from awa_sa.tables import Timestamp, job_unique_claims

@@ -24,7 +24,6 @@ from sqlalchemy import (
     delete,
     func,
     insert,
-    literal_column,
     select,
     true,
 )
@@ -33,9 +32,10 @@ from sqlalchemy.dialects.postgresql import JSONB
 from awa_sa import queue_storage as qs
 from awa_sa.statements.admin_canonical import cancel_notice
 from awa_sa.statements.duplicate import insert_terminal_delta
+from awa_sa.statements.receipt_writes import claims_in
 from awa_sa.statements.registry import statement
 from awa_sa.statements.sql import SHARD0, state
-from awa_sa.tables import JOB_STATES, job_unique_claims
+from awa_sa.tables import job_unique_claims
 
 DEFERRED = ("scheduled", "retryable")
 
@@ -51,13 +51,6 @@ def deferred_lane() -> Select[Any]:
     d = qs.deferred_jobs.c
     job_id = bindparam("b_job_id", type_=BigInteger)
     return select(d.queue, d.priority).where(_deferred(job_id)).with_for_update()
-
-
-def claims_in(mask: Any, name: str) -> ColumnElement[bool]:
-    """Whether the text mask claims the key in state *name* (its bit, leftmost first)."""
-    bit = JOB_STATES.index(name) + 1
-    one: ColumnElement[Any] = literal_column("1")
-    return func.substr(mask, literal_column(str(bit)), one) == literal_column("'1'")
 
 
 @statement

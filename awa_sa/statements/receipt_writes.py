@@ -62,14 +62,19 @@ def insert_rows(
     return insert(table).from_select(list(values), rows_of(values, *where))
 
 
-def claims_in(unique_states: Any, state_name: ColumnElement[Any]) -> ColumnElement[bool]:
-    """Whether the mask claims the key in *state_name* (its bit, leftmost first)."""
-    position = case(
-        *(
-            (state_name == text_literal(name), literal_column(str(bit + 1)))
-            for bit, name in enumerate(JOB_STATES)
-        ),
-    )
+def claims_in(unique_states: Any, state_name: str | ColumnElement[Any]) -> ColumnElement[bool]:
+    """Whether the mask claims the key in *state_name* (its bit, leftmost first): a state the
+    statement names, or one it reads from a row."""
+    position: ColumnElement[Any]
+    if isinstance(state_name, str):
+        position = literal_column(str(JOB_STATES.index(state_name) + 1))
+    else:
+        position = case(
+            *(
+                (state_name == text_literal(name), literal_column(str(bit + 1)))
+                for bit, name in enumerate(JOB_STATES)
+            ),
+        )
     return func.substr(unique_states, position, ONE) == text_literal("1")
 
 

@@ -32,7 +32,7 @@ PARTS = (
 SMALLEST = (
     *("--single-rounds", "2", "--rounds", "2", "--per-round", "2", "--warmup", "2"),
     *("--far-rounds", "1", "--far-per-round", "2", "--server-calls", "5"),
-    *("--callers-seconds", "0.2", "--callers-rounds", "1"),
+    *("--callers-seconds", "0.1", "--callers-rounds", "1"),
     *("--enqueue-size", "5", "--enqueue-rounds", "1"),
     *("--administer-size", "5", "--administer-rounds", "1"),
     *("--only", ",".join(PARTS)),

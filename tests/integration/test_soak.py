@@ -1,11 +1,19 @@
 """Soak (issue #6): concurrent writers, double completions, rescues and a live storage transition.
 
-The harness is ``soak.py``; this file runs it twice: on the Alembic fixture with emulated
-transitions, and shortened on a real ``awa migrate`` cluster with Awa's ``awa.storage_*``
-functions. Both runs are bounded (10 s + 5 s by default); ``AWA_SA_SOAK_SECONDS`` sets
-the fixture run's length (the real run gets half). Figures are printed (``pytest -s``) and
-written to ``soak-<kind>.json`` in the test's own temporary directory (pytest keeps the last
-three runs' under its base temporary directory).
+The harness is ``soak.py``; this file runs it once, on a real ``awa migrate`` cluster, with
+transitions through Awa's own ``awa.storage_*`` functions. The run is bounded (5 s by default;
+``AWA_SA_SOAK_SECONDS`` sets it). Figures are printed (``pytest -s``) and written to
+``soak-real.json`` in the test's own temporary directory (pytest keeps the last three runs'
+under its base temporary directory).
+
+It ran on the Alembic fixture too, for twice as long, until that run was dropped for CI's CPU
+(issue 39): it proved nothing of awa-sa that this one does not. Every object awa-sa's statement
+touches there (tables, triggers, the routing functions byte for byte) is the real one, as
+``test_catalog_parity.py`` checks; what differs is only how the storage phases move: the
+fixture has no ``awa.storage_*`` functions, so the harness emulated them
+(``racing.EmulatedTransitions``). A soak on the emulation proves the emulation against the soak;
+here the real functions take their real locks. The emulation keeps its own proof where it
+stands in for them, in ``test_races.py`` and ``test_faults.py``, on both clusters.
 """
 
 from __future__ import annotations
@@ -15,12 +23,12 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from racing import EmulatedTransitions, RealTransitions
+from racing import RealTransitions
 from soak import Report, Soak, SoakConfig, format_report, write_report
 
-pytestmark = pytest.mark.slow  # two bounded soaks, 15 s together
+pytestmark = pytest.mark.slow  # one bounded soak, 5 s
 
-SOAK_SECONDS = float(os.environ.get("AWA_SA_SOAK_SECONDS", "10"))
+SOAK_SECONDS = float(os.environ.get("AWA_SA_SOAK_SECONDS", "5"))
 
 
 def _finish(report: Report, directory: Path) -> None:
@@ -61,14 +69,8 @@ def _finish(report: Report, directory: Path) -> None:
     assert abort["waiting_at_commit"] >= 1  # writers were queued behind the abort
 
 
-def test_soak_on_the_fixture(db_url: str, tmp_path: Path) -> None:
-    config = SoakConfig(seconds=SOAK_SECONDS, label="fixture")
-    _finish(Soak(db_url, EmulatedTransitions(), config).run(), tmp_path)
-
-
 def test_soak_on_a_real_cluster(real_db_url: str, real_engine: sa.Engine, tmp_path: Path) -> None:
-    """Shortened; transitions through ``awa.storage_prepare/enter_mixed_transition/abort/
-    finalize``, with a live queue-storage runtime registered for the flip and retired for abort.
-    """
-    config = SoakConfig(seconds=SOAK_SECONDS / 2, jobs=80, label="real")
+    """Transitions through ``awa.storage_prepare/enter_mixed_transition/abort/finalize``, with a
+    live queue-storage runtime registered for the flip and retired for abort."""
+    config = SoakConfig(seconds=SOAK_SECONDS, jobs=80, label="real")
     _finish(Soak(real_db_url, RealTransitions(real_engine), config).run(), tmp_path)

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 import pytest
 import sqlalchemy as sa
-from conftest import Cluster, _janitor
+from conftest import Cluster, _janitor, cloned
 from jobs import (
     CANONICAL_TABLES,
     QS_TABLES,
@@ -68,6 +68,7 @@ from awa_sa import (
     ValidationError,
 )
 from awa_sa.errors import CONNECTION_LOST
+from awa_sa.testing.databases import Databases
 from awa_sa.testing.server import EmbeddedPostgres
 
 T = TypeVar("T")
@@ -871,27 +872,48 @@ def _last_resort(engine: sa.Engine, *keys: bytes) -> list[int]:
 
 # On the real cluster only: the boundaries are awa-sa's statements, the same on both kinds, and
 # the fixture's routing functions are the real ones byte for byte (test_catalog_parity.py).
-@pytest.mark.parametrize("cluster", ["real"], indirect=True)
+@pytest.fixture(scope="module")
+def killed_cluster(
+    request: pytest.FixtureRequest, pg: EmbeddedPostgres, awa_databases: Databases
+) -> Iterator[Cluster]:
+    """One real cluster in the mixed transition for every driver's kills: each driver's jobs
+    are its own, and a killed call may change nothing, so a clone and the two ``awa storage``
+    runs each would buy no isolation."""
+    template = request.getfixturevalue(f"{request.param}_template")
+    with cloned(pg, awa_databases, template) as url:
+        engine = sa.create_engine(url)
+        try:
+            cluster = Cluster(request.param, pg, url, engine)
+            cluster.set_phase("mixed_transition", "awa_qs")
+            with engine.begin() as conn:
+                advance_all(conn)
+            yield cluster
+        finally:
+            engine.dispose()
+
+
+@pytest.mark.parametrize("killed_cluster", ["real"], indirect=True)
 @pytest.mark.parametrize("driver", DRIVERS)
-def test_killed_at_every_statement_boundary(driver: str, cluster: Cluster) -> None:
+def test_killed_at_every_statement_boundary(driver: str, killed_cluster: Cluster) -> None:
     """The connection dies before or after each statement of the longest path (Engine form):
     always ``DatabaseError(CONNECTION_LOST)``, nothing kept, and the pool recovers.
     """
+    cluster = killed_cluster
     engine = cluster.engine
-    cluster.set_phase("mixed_transition", "awa_qs")
-    with engine.begin() as conn:
-        advance_all(conn)
+    own = driver.encode()  # the jobs' keys, apart from the other drivers' on the same cluster
     with _face(driver, cluster.url) as face:
-        with _sent(face) as sent:
-            (job,) = _last_resort(engine, b"dry run")
+        # Counted as the killer counts them: every statement, a ROLLBACK TO SAVEPOINT too, and
+        # none of SQLAlchemy's transaction events (dropping those by name dropped the former,
+        # and with them the last two statements' boundaries).
+        with recording(face.engine, events=()) as statements:
+            (job,) = _last_resort(engine, own + b" dry run")
             assert isinstance(face.call(job, 4, Snooze(1)), CancelledDuplicate)
-        events = ("BEGIN", "COMMIT", "ROLLBACK")  # SQLAlchemy's events, not statements
-        statements = [name for name in sent if name not in events]
         boundaries = [(at, when) for at in range(len(statements)) for when in ("before", "after")]
         assert len(boundaries) > 30
         # Every boundary's job made at once: as no killed call may change the database, what
         # one left is what the next one starts from, and a fingerprint each suffices.
-        jobs = _last_resort(engine, *(b"%d-%s" % (at, when.encode()) for at, when in boundaries))
+        keys = (b"%s %d-%s" % (own, at, when.encode()) for at, when in boundaries)
+        jobs = _last_resort(engine, *keys)
         failures = []
         before = fingerprint(engine)
         for (at, when), job in zip(boundaries, jobs, strict=True):
@@ -907,5 +929,5 @@ def test_killed_at_every_statement_boundary(driver: str, cluster: Cluster) -> No
                 failures.append(f"{when} #{at}: database changed")
             before = after
         assert not failures, "\n".join(failures)
-        (job,) = _last_resort(engine, b"after")
+        (job,) = _last_resort(engine, own + b" after")
         assert isinstance(face.call(job, 4, Snooze(1)), CancelledDuplicate)

@@ -177,10 +177,13 @@ def _kill_everywhere(
         with recording(victim, events=()) as statements:
             assert isinstance(_call_form(form, victim, job_id, lease), expect)
 
-        for at, when in itertools.product(range(len(statements)), ("before", "after")):
-            with engine.begin() as conn:
-                job_id, lease = seed(conn)
-            before = fingerprint(engine)
+        # Every kill point's job made at once: as a killed call may change nothing, what one
+        # left is what the next one starts from, and a fingerprint each suffices.
+        points = list(itertools.product(range(len(statements)), ("before", "after")))
+        with engine.begin() as conn:
+            jobs = [seed(conn) for _ in points]
+        before = fingerprint(engine)
+        for (at, when), (job_id, lease) in zip(points, jobs, strict=True):
             label = f"{expect.__name__} {when} #{at} ({statements[at]}) {form}"
             committed_alone = form == "engine" and len(statements) == 1 and when == "after"
             with killing(engine, victim, at, when) as killer:
@@ -192,6 +195,7 @@ def _kill_everywhere(
                         # Killed after its last statement, like any connection killed after a
                         # COMMIT: dead in the pool until its next use (or pool_pre_ping) finds out.
                         victim.dispose()
+                        before = fingerprint(engine)  # the move is the next one's start
                         continue
                     if result != "caller commit failed":
                         failures.append(f"{label}: no error, {result}")
@@ -200,8 +204,10 @@ def _kill_everywhere(
                         raw = f"{type(exc).__module__}.{type(exc).__name__}"
                         failures.append(f"{label}: raw {raw}")
             assert killer.killed, f"kill point {label} never reached"
-            if fingerprint(engine) != before:
+            after = fingerprint(engine)
+            if after != before:
                 failures.append(f"{label}: database changed")
+            before = after
 
     # The pool recovers from every kill: the next call simply works.
     with engine.begin() as conn:
@@ -248,10 +254,11 @@ async def test_backend_killed_under_the_async_face(db_url: str, engine: sa.Engin
         with recording(victim, events=()) as statements:
             out = await awa_async.reschedule_canonical_attempt(aengine, job_id, lease, Snooze(3))
         assert isinstance(out, CancelledDuplicate)
-        for at, when in itertools.product(range(len(statements)), ("before", "after")):
-            with engine.begin() as conn:
-                job_id, lease = _last_resort(conn)
-            before = fingerprint(engine)
+        points = list(itertools.product(range(len(statements)), ("before", "after")))
+        with engine.begin() as conn:  # every kill point's job at once, as above
+            jobs = [_last_resort(conn) for _ in points]
+        before = fingerprint(engine)
+        for (at, when), (job_id, lease) in zip(points, jobs, strict=True):
             with killing(engine, victim, at, when) as killer:
                 try:
                     out = await awa_async.reschedule_canonical_attempt(
@@ -263,8 +270,10 @@ async def test_backend_killed_under_the_async_face(db_url: str, engine: sa.Engin
                         raw = f"{type(exc).__module__}.{type(exc).__name__}"
                         failures.append(f"{when} #{at}: raw {raw}")
             assert killer.killed, (when, at)
-            if fingerprint(engine) != before:
+            after = fingerprint(engine)
+            if after != before:
                 failures.append(f"{when} #{at}: database changed")
+            before = after
     finally:
         await aengine.dispose()
     assert len(statements) > 10

@@ -60,6 +60,7 @@ import itertools
 import json
 import os
 import re
+import threading
 import time
 import uuid
 from collections import Counter
@@ -317,39 +318,60 @@ Capture = dict[str, tuple[str, ...]]
 
 
 class Capturer:
-    """Captures of one cluster, each row's text held once however many captures show it."""
+    """Captures of one cluster, each row's text held once however many captures show it.
+
+    Every capture is a transaction of its own on one connection held for the run, where its
+    read is a prepared statement: the read names some 400 relations (partitions included),
+    and planning it cost the server some 20 ms a capture, most of this module's CPU (issue 39).
+    PostgreSQL plans it again whenever a relation it reads has changed its definition.
+    """
 
     def __init__(self, engine: sa.Engine, schemas: list[str]) -> None:
         self.engine = engine
         self.schemas = schemas
         self.pool: dict[str, str] = {}
-        self.reads: dict[tuple[str, ...], sa.TextClause] = {}
+        self.reads: dict[tuple[str, ...], str] = {}
+        """Each list of tables' statement, by the name it is prepared under."""
+        self.conn: sa.Connection | None = None
+        self.lock = threading.Lock()  # a handler's thread captures too (:func:`refused`)
 
-    def _read(self, tables: tuple[str, ...]) -> sa.TextClause:
-        """One statement for every table: a capture is taken many times a case, and a
-        statement per table made it a hundred round trips."""
+    def _read(self, conn: sa.Connection, tables: tuple[str, ...]) -> str:
+        """One statement for every table, prepared on the held connection: a capture is taken
+        many times a case, and a statement per table made it a hundred round trips."""
         if tables not in self.reads:
             legs = [
                 f"SELECT '{table}', ARRAY(SELECT to_jsonb(t)::text FROM {table} AS t ORDER BY 1)"
                 for table in tables
             ]
-            self.reads[tables] = sa.text(" UNION ALL ".join(legs))
-        return self.reads[tables]
+            name = f"qsw_capture_{len(self.reads)}"
+            conn.exec_driver_sql(f"PREPARE {name} AS {' UNION ALL '.join(legs)}")
+            self.reads[tables] = name
+        return f"EXECUTE {self.reads[tables]}"
 
     def __call__(self) -> Capture:
         """Every row of every table of the planes, and every sequence, in one snapshot."""
         pool = self.pool
-        with self.engine.connect() as conn:
-            conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            binds = {"schemas": self.schemas}
-            tables = tuple(plane_tables(conn, self.schemas, OWN_CLOCK))
-            out: Capture = {
-                name: tuple(pool.setdefault(t, t) for t in texts)
-                for name, texts in conn.execute(self._read(tables)).all()
-            }
-            sequences = conn.execute(sa.text(SEQUENCES), binds).all()
-            out["sequences"] = tuple(json.dumps([name, value]) for name, value in sequences)
+        with self.lock:
+            if self.conn is None:
+                self.conn = self.engine.connect()
+            conn = self.conn
+            try:
+                conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                binds = {"schemas": self.schemas}
+                tables = tuple(plane_tables(conn, self.schemas, OWN_CLOCK))
+                out: Capture = {
+                    name: tuple(pool.setdefault(t, t) for t in texts)
+                    for name, texts in conn.exec_driver_sql(self._read(conn, tables)).all()
+                }
+                sequences = conn.execute(sa.text(SEQUENCES), binds).all()
+            finally:
+                conn.rollback()
+        out["sequences"] = tuple(json.dumps([name, value]) for name, value in sequences)
         return out
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
 
 
 def rows_of(cap: Capture, table: str) -> list[dict[str, Any]]:
@@ -745,7 +767,10 @@ def drive(url: str, engine: sa.Engine, schema: str, cases: list[Case], by_awa_sa
         steps.append(("shutdown", await asyncio.to_thread(take)))
         return Run(schema, cases, steps, windows, storage, runs, jobs, outcomes, healthy, refusals)
 
-    return asyncio.run(run())
+    try:
+        return asyncio.run(run())
+    finally:
+        take.close()
 
 
 # ------------------------------------------------------------------------------------------

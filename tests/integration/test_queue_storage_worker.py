@@ -62,9 +62,9 @@ import os
 import re
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Literal
@@ -72,12 +72,12 @@ from typing import Any, Literal
 import awa
 import pytest
 import sqlalchemy as sa
-from conftest import QUIESCED_FLIP, _janitor, database_url, run_awa
+from conftest import QUIESCED_FLIP, cloned, run_awa
 from jobs import plane_tables
-from pytest_postgresql.janitor import DatabaseJanitor
 from runtimes import hold_leadership, pg_url, until_idle
 
 import awa_sa
+from awa_sa.testing.databases import Databases
 from awa_sa.testing.server import EmbeddedPostgres
 
 pytestmark = pytest.mark.slow  # real awa-pg runtimes (pyproject has no `real` marker)
@@ -778,26 +778,28 @@ def drive(url: str, engine: sa.Engine, schema: str, cases: list[Case], by_awa_sa
 
 
 class Lab:
-    """Fresh real clusters on the session's server, and the runtime's runs on them, cached."""
+    """Fresh real clusters on the session's server, and the runtime's runs on them, cached.
 
-    def __init__(self, pg: EmbeddedPostgres) -> None:
+    Each cluster is a clone of the session's ``awa migrate`` template (which the real CLI's
+    ``prepare-queue-storage-schema`` has also given schema ``awa_qs``): a template of the
+    module's own cost a second ``awa migrate``, some 2.4 CPU-s (issue 39). On ``awa`` the
+    prepared ``awa_qs`` is left unused: the first runtime's auto-finalize asks only that
+    ``awa.jobs`` be empty and no runtime be live, and the captures read ``awa`` alone.
+    """
+
+    def __init__(self, pg: EmbeddedPostgres, databases: Databases, template: str) -> None:
         self.pg = pg
-        self.janitors: list[DatabaseJanitor] = []
-        self.template = self._database(as_template=True)
-        run_awa(pg, self.template, "migrate")
+        self.databases = databases
+        self.template = template
+        self.made = ExitStack()
         self.runs: dict[tuple[str, str], Run] = {}
-
-    def _database(self, *, template: str | None = None, as_template: bool = False) -> str:
-        name = f"qsw_{uuid.uuid4().hex[:12]}"
-        janitor = _janitor(self.pg, name, template=template, as_template=as_template)
-        janitor.init()
-        self.janitors.append(janitor)
-        return name
 
     def cluster(self, schema: str) -> str:
         """A fresh ``awa migrate`` cluster; for ``awa_qs`` transitioned there by the real CLI."""
-        name = self._database(template=self.template)
+        url = self.made.enter_context(cloned(self.pg, self.databases, self.template))
+        name = sa.make_url(url).database or ""
         if schema != "awa":
+            assert schema == "awa_qs", "the template prepared awa_qs alone"
             details = json.dumps({"schema": schema})
             run_awa(
                 self.pg,
@@ -809,10 +811,9 @@ class Lab:
                 "--details",
                 details,
             )
-            run_awa(self.pg, name, "storage", "prepare-queue-storage-schema", "--schema", schema)
             run_awa(self.pg, name, *QUIESCED_FLIP)
             run_awa(self.pg, name, "storage", "finalize")
-        return database_url(self.pg, name)
+        return url
 
     def run(self, schema: str, side: str) -> Run:
         """The run of ``MATRIX[schema]`` by *side* (``runtime``, ``runtime again``, ``awa-sa``)."""
@@ -828,8 +829,7 @@ class Lab:
         return self.runs[key]
 
     def close(self) -> None:
-        for janitor in reversed(self.janitors):
-            janitor.drop()
+        self.made.close()
 
 
 def unsealed(run: Run) -> Run:
@@ -868,8 +868,8 @@ def unsealed(run: Run) -> Run:
 
 
 @pytest.fixture(scope="module")
-def lab(pg: EmbeddedPostgres) -> Iterator[Lab]:
-    lab = Lab(pg)
+def lab(pg: EmbeddedPostgres, awa_databases: Databases, real_template: str) -> Iterator[Lab]:
+    lab = Lab(pg, awa_databases, real_template)
     try:
         yield lab
     finally:

@@ -587,6 +587,7 @@ class Run:
     """The awa-sa side: jobs whose fast-path receipt awa-sa sealed (:func:`unsealed`)."""
 
     _normal: dict[str, list[tuple[str, Normal]]] = field(default_factory=dict)
+    _deltas: dict[str, list[tuple[str, Delta]]] = field(default_factory=dict)
 
     def normal(self, level: Level) -> list[tuple[str, Normal]]:
         """Each step's capture, normalised (each distinct row once)."""
@@ -604,8 +605,14 @@ class Run:
         return self._normal[level]
 
     def deltas(self, level: Level) -> list[tuple[str, Delta]]:
-        normal = self.normal(level)
-        return [(name, delta(prev, cur)) for (_, prev), (name, cur) in itertools.pairwise(normal)]
+        """Each step's changes at *level*, worked out once: every comparison of the run reads
+        them again, and working them out afresh was most of the comparisons' CPU."""
+        if level not in self._deltas:
+            normal = self.normal(level)
+            self._deltas[level] = [
+                (name, delta(prev, cur)) for (_, prev), (name, cur) in itertools.pairwise(normal)
+            ]
+        return self._deltas[level]
 
     @property
     def final(self) -> Capture:

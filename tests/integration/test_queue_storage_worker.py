@@ -60,10 +60,11 @@ import itertools
 import json
 import os
 import re
+import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Literal
@@ -71,12 +72,12 @@ from typing import Any, Literal
 import awa
 import pytest
 import sqlalchemy as sa
-from conftest import QUIESCED_FLIP, _janitor, database_url, run_awa
+from conftest import QUIESCED_FLIP, cloned, run_awa
 from jobs import plane_tables
-from pytest_postgresql.janitor import DatabaseJanitor
 from runtimes import hold_leadership, pg_url, until_idle
 
 import awa_sa
+from awa_sa.testing.databases import Databases
 from awa_sa.testing.server import EmbeddedPostgres
 
 pytestmark = pytest.mark.slow  # real awa-pg runtimes (pyproject has no `real` marker)
@@ -317,39 +318,60 @@ Capture = dict[str, tuple[str, ...]]
 
 
 class Capturer:
-    """Captures of one cluster, each row's text held once however many captures show it."""
+    """Captures of one cluster, each row's text held once however many captures show it.
+
+    Every capture is a transaction of its own on one connection held for the run, where its
+    read is a prepared statement: the read names some 400 relations (partitions included),
+    and planning it cost the server some 20 ms a capture, most of this module's CPU (issue 39).
+    PostgreSQL plans it again whenever a relation it reads has changed its definition.
+    """
 
     def __init__(self, engine: sa.Engine, schemas: list[str]) -> None:
         self.engine = engine
         self.schemas = schemas
         self.pool: dict[str, str] = {}
-        self.reads: dict[tuple[str, ...], sa.TextClause] = {}
+        self.reads: dict[tuple[str, ...], str] = {}
+        """Each list of tables' statement, by the name it is prepared under."""
+        self.conn: sa.Connection | None = None
+        self.lock = threading.Lock()  # a handler's thread captures too (:func:`refused`)
 
-    def _read(self, tables: tuple[str, ...]) -> sa.TextClause:
-        """One statement for every table: a capture is taken many times a case, and a
-        statement per table made it a hundred round trips."""
+    def _read(self, conn: sa.Connection, tables: tuple[str, ...]) -> str:
+        """One statement for every table, prepared on the held connection: a capture is taken
+        many times a case, and a statement per table made it a hundred round trips."""
         if tables not in self.reads:
             legs = [
                 f"SELECT '{table}', ARRAY(SELECT to_jsonb(t)::text FROM {table} AS t ORDER BY 1)"
                 for table in tables
             ]
-            self.reads[tables] = sa.text(" UNION ALL ".join(legs))
-        return self.reads[tables]
+            name = f"qsw_capture_{len(self.reads)}"
+            conn.exec_driver_sql(f"PREPARE {name} AS {' UNION ALL '.join(legs)}")
+            self.reads[tables] = name
+        return f"EXECUTE {self.reads[tables]}"
 
     def __call__(self) -> Capture:
         """Every row of every table of the planes, and every sequence, in one snapshot."""
         pool = self.pool
-        with self.engine.connect() as conn:
-            conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            binds = {"schemas": self.schemas}
-            tables = tuple(plane_tables(conn, self.schemas, OWN_CLOCK))
-            out: Capture = {
-                name: tuple(pool.setdefault(t, t) for t in texts)
-                for name, texts in conn.execute(self._read(tables)).all()
-            }
-            sequences = conn.execute(sa.text(SEQUENCES), binds).all()
-            out["sequences"] = tuple(json.dumps([name, value]) for name, value in sequences)
+        with self.lock:
+            if self.conn is None:
+                self.conn = self.engine.connect()
+            conn = self.conn
+            try:
+                conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                binds = {"schemas": self.schemas}
+                tables = tuple(plane_tables(conn, self.schemas, OWN_CLOCK))
+                out: Capture = {
+                    name: tuple(pool.setdefault(t, t) for t in texts)
+                    for name, texts in conn.exec_driver_sql(self._read(conn, tables)).all()
+                }
+                sequences = conn.execute(sa.text(SEQUENCES), binds).all()
+            finally:
+                conn.rollback()
+        out["sequences"] = tuple(json.dumps([name, value]) for name, value in sequences)
         return out
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
 
 
 def rows_of(cap: Capture, table: str) -> list[dict[str, Any]]:
@@ -565,6 +587,7 @@ class Run:
     """The awa-sa side: jobs whose fast-path receipt awa-sa sealed (:func:`unsealed`)."""
 
     _normal: dict[str, list[tuple[str, Normal]]] = field(default_factory=dict)
+    _deltas: dict[str, list[tuple[str, Delta]]] = field(default_factory=dict)
 
     def normal(self, level: Level) -> list[tuple[str, Normal]]:
         """Each step's capture, normalised (each distinct row once)."""
@@ -582,8 +605,14 @@ class Run:
         return self._normal[level]
 
     def deltas(self, level: Level) -> list[tuple[str, Delta]]:
-        normal = self.normal(level)
-        return [(name, delta(prev, cur)) for (_, prev), (name, cur) in itertools.pairwise(normal)]
+        """Each step's changes at *level*, worked out once: every comparison of the run reads
+        them again, and working them out afresh was most of the comparisons' CPU."""
+        if level not in self._deltas:
+            normal = self.normal(level)
+            self._deltas[level] = [
+                (name, delta(prev, cur)) for (_, prev), (name, cur) in itertools.pairwise(normal)
+            ]
+        return self._deltas[level]
 
     @property
     def final(self) -> Capture:
@@ -745,7 +774,10 @@ def drive(url: str, engine: sa.Engine, schema: str, cases: list[Case], by_awa_sa
         steps.append(("shutdown", await asyncio.to_thread(take)))
         return Run(schema, cases, steps, windows, storage, runs, jobs, outcomes, healthy, refusals)
 
-    return asyncio.run(run())
+    try:
+        return asyncio.run(run())
+    finally:
+        take.close()
 
 
 # ------------------------------------------------------------------------------------------
@@ -753,26 +785,28 @@ def drive(url: str, engine: sa.Engine, schema: str, cases: list[Case], by_awa_sa
 
 
 class Lab:
-    """Fresh real clusters on the session's server, and the runtime's runs on them, cached."""
+    """Fresh real clusters on the session's server, and the runtime's runs on them, cached.
 
-    def __init__(self, pg: EmbeddedPostgres) -> None:
+    Each cluster is a clone of the session's ``awa migrate`` template (which the real CLI's
+    ``prepare-queue-storage-schema`` has also given schema ``awa_qs``): a template of the
+    module's own cost a second ``awa migrate``, some 2.4 CPU-s (issue 39). On ``awa`` the
+    prepared ``awa_qs`` is left unused: the first runtime's auto-finalize asks only that
+    ``awa.jobs`` be empty and no runtime be live, and the captures read ``awa`` alone.
+    """
+
+    def __init__(self, pg: EmbeddedPostgres, databases: Databases, template: str) -> None:
         self.pg = pg
-        self.janitors: list[DatabaseJanitor] = []
-        self.template = self._database(as_template=True)
-        run_awa(pg, self.template, "migrate")
+        self.databases = databases
+        self.template = template
+        self.made = ExitStack()
         self.runs: dict[tuple[str, str], Run] = {}
-
-    def _database(self, *, template: str | None = None, as_template: bool = False) -> str:
-        name = f"qsw_{uuid.uuid4().hex[:12]}"
-        janitor = _janitor(self.pg, name, template=template, as_template=as_template)
-        janitor.init()
-        self.janitors.append(janitor)
-        return name
 
     def cluster(self, schema: str) -> str:
         """A fresh ``awa migrate`` cluster; for ``awa_qs`` transitioned there by the real CLI."""
-        name = self._database(template=self.template)
+        url = self.made.enter_context(cloned(self.pg, self.databases, self.template))
+        name = sa.make_url(url).database or ""
         if schema != "awa":
+            assert schema == "awa_qs", "the template prepared awa_qs alone"
             details = json.dumps({"schema": schema})
             run_awa(
                 self.pg,
@@ -784,10 +818,9 @@ class Lab:
                 "--details",
                 details,
             )
-            run_awa(self.pg, name, "storage", "prepare-queue-storage-schema", "--schema", schema)
             run_awa(self.pg, name, *QUIESCED_FLIP)
             run_awa(self.pg, name, "storage", "finalize")
-        return database_url(self.pg, name)
+        return url
 
     def run(self, schema: str, side: str) -> Run:
         """The run of ``MATRIX[schema]`` by *side* (``runtime``, ``runtime again``, ``awa-sa``)."""
@@ -803,8 +836,7 @@ class Lab:
         return self.runs[key]
 
     def close(self) -> None:
-        for janitor in reversed(self.janitors):
-            janitor.drop()
+        self.made.close()
 
 
 def unsealed(run: Run) -> Run:
@@ -843,8 +875,8 @@ def unsealed(run: Run) -> Run:
 
 
 @pytest.fixture(scope="module")
-def lab(pg: EmbeddedPostgres) -> Iterator[Lab]:
-    lab = Lab(pg)
+def lab(pg: EmbeddedPostgres, awa_databases: Databases, real_template: str) -> Iterator[Lab]:
+    lab = Lab(pg, awa_databases, real_template)
     try:
         yield lab
     finally:

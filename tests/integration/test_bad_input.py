@@ -1,7 +1,7 @@
 """Bad input the database must judge: a clear error, and every table and id sequence as before.
 
 Overflowing backoff, non-object metadata, a bad routing schema name: each is refused with
-nothing written, on the fixture and on a real cluster. Input judged without the database is
+nothing written, on a real ``awa migrate`` cluster. Input judged without the database is
 refused before a connection is checked out (tests/unit/test_validation.py).
 """
 

@@ -76,7 +76,9 @@ T = TypeVar("T")
 DRIVERS = ("psycopg2", "pg8000", "asyncpg", "psycopg-async")
 """Every supported driver but psycopg 3 sync, which the rest of the suite runs on."""
 
-KINDS = ("fixture", "real")
+KINDS = ("real",)
+"""The walk's clusters: the real one alone, as for the ``cluster`` fixture (tests/conftest.py says
+why the fixture's run proved nothing more)."""
 
 
 # -- one driver behind one interface --------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The one-statement canonical reschedule (docs/contract.md#one-statement), on both clusters.
+"""The one-statement canonical reschedule (docs/contract.md#one-statement), on a real cluster.
 
 * Races in both directions while the statement waits for a transition holding the singleton:
   an abort (it must move canonically) and enter-mixed (it must not). In the same rig, two

@@ -2,9 +2,9 @@
 
 Every race is forced, never hoped for: one side takes its lock inside an open transaction, the
 other runs in a thread, and the test waits until ``pg_stat_activity`` shows the second blocked
-by the first before letting the first finish (see ``racing.py``). Each scenario runs on the
-Alembic fixture (transitions emulated as docs/architecture.md#racing-transitions describes)
-and on a real ``awa migrate`` cluster (transitions through Awa's own ``awa.storage_*`` functions).
+by the first before letting the first finish (see ``racing.py``). Each scenario runs on a real
+``awa migrate`` cluster, its transitions through Awa's own ``awa.storage_*`` functions (the
+``cluster`` fixture in tests/conftest.py says why not on the Alembic fixture too).
 
 Cloning a database costs about a second (the real template has ~2700 relations), so each test
 walks one database through several scenarios -- canonical routing first, then queue storage --

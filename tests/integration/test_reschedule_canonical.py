@@ -1,4 +1,4 @@
-"""Decision-table rows 1-4 (routing canonical), on the fixture and on an ``awa migrate`` cluster.
+"""Decision-table rows 1-4 (routing canonical), on an ``awa migrate`` cluster (``cluster``).
 
 Routing is canonical in the ``canonical`` and ``prepared`` phases and after an abort; each row is
 checked for every kind in each of them. Every assertion reads rows back.

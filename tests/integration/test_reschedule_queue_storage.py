@@ -1,4 +1,4 @@
-"""Decision-table rows 5-10 (routing flipped to a queue-storage schema), on both clusters.
+"""Decision-table rows 5-10 (routing flipped to a queue-storage schema), on a real cluster.
 
 Routing names a schema in ``mixed_transition`` and ``active``; each is checked for the default
 substrate ``awa`` and the named ``awa_qs``. Sequences are advanced to distinct values first, so a

@@ -12,8 +12,8 @@ touches there (tables, triggers, the routing functions byte for byte) is the rea
 ``test_catalog_parity.py`` checks; what differs is only how the storage phases move: the
 fixture has no ``awa.storage_*`` functions, so the harness emulated them
 (``racing.EmulatedTransitions``). A soak on the emulation proves the emulation against the soak;
-here the real functions take their real locks. The emulation keeps its own proof where it
-stands in for them, in ``test_races.py`` and ``test_faults.py``, on both clusters.
+here the real functions take their real locks. The same holds for every scenario the
+``cluster`` fixture runs (tests/conftest.py): real clusters only, since 2026-12-06.
 """
 
 from __future__ import annotations

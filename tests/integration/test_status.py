@@ -13,7 +13,6 @@ import pytest
 import sqlalchemy as sa
 from conftest import Cluster
 
-import awa_sa_schema
 from awa_sa import queue_storage as qs
 from awa_sa.tables import jobs_hot, scheduled_jobs
 from awa_sa.tools.errors import NotAnAwaCluster, UnsupportedSchemaVersion
@@ -82,12 +81,8 @@ CLI_STEP = {
 
 
 def advance(cluster: Cluster, phase: str) -> None:
-    """One step along the transition, the way the cluster's own tooling takes it."""
-    if cluster.kind == "real":
-        cluster.awa(*CLI_STEP[phase])
-    else:
-        with cluster.engine.begin() as conn:
-            awa_sa_schema.set_phase(conn, phase, "awa_qs")
+    """One step along the transition, the way Awa's own CLI takes it."""
+    cluster.awa(*CLI_STEP[phase])
 
 
 def check_phase(cluster: Cluster, phase: str) -> None:
@@ -131,10 +126,9 @@ def test_counts_and_finalize_gate(cluster: Cluster) -> None:
     assert st.deferred_jobs == {"scheduled": 1, "retryable": 3}
     assert st.canonical_live_backlog == 3 + 3
     assert not st.finalize_ready
-    if cluster.kind == "real":
-        with cluster.engine.connect() as conn:
-            real = conn.execute(sa.select(sa.func.awa.canonical_live_backlog())).scalar_one()
-        assert real == st.canonical_live_backlog
+    with cluster.engine.connect() as conn:
+        real = conn.execute(sa.select(sa.func.awa.canonical_live_backlog())).scalar_one()
+    assert real == st.canonical_live_backlog
 
 
 def test_finalize_ready_once_canonical_drains(cluster: Cluster) -> None:

@@ -28,6 +28,8 @@ from awa_sa import (
     attempt_of,
     running_attempts,
 )
+from awa_sa.compiled import run
+from awa_sa.statements.receipts import OPEN_CLAIMS
 
 QS = "awa_qs"
 
@@ -137,6 +139,18 @@ def read_by_job(engine: sa.Engine, jobs: tuple[int, ...]) -> list[tuple[Any, ...
     return by_job
 
 
+def claimed(engine: sa.Engine, jobs: tuple[int, ...]) -> list[int]:
+    """The jobs whose pair ``(job, 1)`` the bare-pair check finds open, asked one at a time and
+    all at once (its two shapes), with no canonical row under any of them."""
+    pairs = [SimpleNamespace(job_id=job_id, run_lease=1) for job_id in jobs]
+    with engine.connect() as conn:
+        alone = [run(conn, OPEN_CLAIMS, [pair], QS) for pair in pairs]
+        together = run(conn, OPEN_CLAIMS, [*pairs, *pairs], QS)
+    assert {k: v for found in alone for k, v in found.items()} == together
+    assert not any(together.values())
+    return sorted(job_id for job_id, _ in together)
+
+
 @pytest.mark.parametrize("shape", ["row", "compact"])
 @pytest.mark.parametrize("evidence", sorted(EVIDENCE))
 def test_each_kind_of_closure_evidence_ends_exactly_its_receipt(
@@ -152,12 +166,14 @@ def test_each_kind_of_closure_evidence_ends_exactly_its_receipt(
             receipt = dict(zip((1, 2), ids, strict=True))
     assert listed(mixed) == [(QS, 1), (QS, 2)]
     assert len(read_by_job(mixed, (1, 2))) == 2
+    assert claimed(mixed, (1, 2, 3)) == [1, 2]
     with mixed.begin() as conn:
         conn.execute(
             sa.text(EVIDENCE[evidence]), {"job_id": 1, "lane_seq": 1, "receipt": receipt[1]}
         )
     assert listed(mixed) == [(QS, 2)]
     assert len(read_by_job(mixed, (1, 2))) == 1
+    assert claimed(mixed, (1, 2, 3)) == [2]
 
 
 def test_a_closed_at_ends_a_row_receipt(mixed: sa.Engine) -> None:
@@ -166,6 +182,7 @@ def test_a_closed_at_ends_a_row_receipt(mixed: sa.Engine) -> None:
         row_receipt(conn, 1, 1)
         conn.execute(sa.text(f"UPDATE {QS}.lease_claims SET closed_at = now()"))
     assert listed(mixed) == []
+    assert claimed(mixed, (1,)) == []
 
 
 def test_a_running_lease_is_listed_once_with_its_receipt(mixed: sa.Engine) -> None:
@@ -187,6 +204,7 @@ def test_a_running_lease_is_listed_once_with_its_receipt(mixed: sa.Engine) -> No
     assert (attempt.storage, attempt.job_id, attempt.receipt_id) == (QS, 1, receipt)
     assert attempt.running_for >= dt.timedelta(minutes=1)
     assert read_by_job(mixed, (1,)) == [without_clock(attempt)]
+    assert claimed(mixed, (1,)) == [1]
 
 
 def test_a_heartbeat_in_attempt_state_is_the_receipts_heartbeat(mixed: sa.Engine) -> None:

@@ -29,7 +29,7 @@ from awa_sa import (
     running_attempts,
 )
 from awa_sa.compiled import run
-from awa_sa.statements.receipts import OPEN_CLAIMS
+from awa_sa.statements.job_receipts import OPEN_CLAIMS
 
 QS = "awa_qs"
 

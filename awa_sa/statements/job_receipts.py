@@ -6,13 +6,14 @@ awa-pg handler's ``attempt_of``, a canonical call's bare-pair check) and nearly 
 cost is PostgreSQL planning them, not running them. Every source and every piece of evidence is
 a partitioned table (8 or 16 partitions each), and the planner works per partition: with one
 leg per source, each joined to ``ready_entries`` and checked against six kinds of evidence, a
-lookup touched some 170 partitions and took 10-13 ms of the server's CPU to plan, against
-under 1 ms to run, on a warm backend (30-40 ms on a new one). Here the sources are filtered by
-the job first and unioned, the union is checked against the evidence once, in one subquery
-that PostgreSQL plans once and runs per receipt (a set operation it can neither pull up into a
-join nor hash), and joined to ``ready_entries`` once: about half the partitions, and less than
-half the planning. A subquery probed per receipt suits a job's few receipts; the listing of
-every receipt keeps the legs that let PostgreSQL hash the evidence.
+lookup named some 170 partitions and cost about 10 ms of the server's CPU a call on a warm
+backend (about 30 on a new one), under 1 ms of it running the plan. Here the sources are
+filtered by the job first and unioned, the union is checked against the evidence once, in one
+subquery that PostgreSQL plans once and probes per receipt (a set operation, which it neither
+pulls up into a join nor hashes), and joined to ``ready_entries`` once: about half the
+partitions, and under half the CPU (docs/performance.md#open-receipts). A subquery probed per
+receipt suits a job's few receipts; the listing of every receipt keeps the legs that let
+PostgreSQL hash the evidence.
 """
 
 from __future__ import annotations
@@ -166,7 +167,8 @@ def receipts_of(job: ColumnElement[Any], *outer: FromClause) -> Select[Any]:
     lateral join), one row each in :data:`~awa_sa.statements.receipts.COLUMNS`.
 
     A receipt a callback wait materialised is listed from its running ``leases`` row, which no
-    evidence is checked against (its ``lease_claims`` row is closed by that very lease).
+    evidence is checked against; that lease is itself evidence closing the job's
+    ``lease_claims`` row, so the receipt is listed once.
     """
     lease = leases
     receipt = lease_claims.alias("receipt")
@@ -230,16 +232,14 @@ def open_claims(*, batch: bool) -> Select[Any]:
     not mean the canonical row (docs/contract.md#bare-pair). A batch reads each asked job's
     receipts (a lateral :func:`receipts_of` per asked pair), never every receipt.
     """
+    attempts: FromClause
     if batch:
         fields = [(_PAIR[0], "job_id", BigInteger), (_PAIR[1], "lease", BigInteger)]
         asked = bound_rows("asked", fields, batch)
-        job, lease = asked.c.job_id, asked.c.lease
+        lease = asked.c.lease
+        attempts = receipts_of(asked.c.job_id, asked).lateral("attempts")
     else:
         job, lease = (cast(bindparam(n, type_=BigInteger), BigInteger) for n in _PAIR)
-    attempts: FromClause
-    if batch:
-        attempts = receipts_of(job, asked).lateral("attempts")
-    else:
         attempts = receipts_of(job).subquery("attempts")
     a = attempts.c
     hot = jobs_hot.c

@@ -146,10 +146,12 @@ def open_receipts() -> Subquery:
     """Every open receipt of one queue-storage schema, one row each, in :data:`COLUMNS`.
 
     One leg per source, each joined to ``ready_entries`` and checked against the closure
-    evidence, which PostgreSQL can hash over every receipt at once. It keeps each leg's
-    evidence exactly the runtime's, and its cost low enough that PostgreSQL does not JIT it on
-    a fresh cluster (a single union of the sources, checked once, did: 2.4 s on empty tables).
-    The receipts of one job are read by :mod:`~awa_sa.statements.job_receipts` instead.
+    evidence, which PostgreSQL can hash over every receipt at once; each leg's evidence is
+    exactly the runtime's. On a new cluster its estimate is over ``jit_above_cost`` all the
+    same (some 219,000: every batch unnested, by the planner's default guesses), which is why
+    an Engine's listing turns JIT off (:mod:`awa_sa.running`); a single union of the sources,
+    checked once, took 2.4 s on empty tables with JIT on. The receipts of one job are read by
+    :mod:`~awa_sa.statements.job_receipts` instead.
     """
     ready = ready_entries
     c = lease_claims.alias("claim")

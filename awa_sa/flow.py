@@ -49,9 +49,9 @@ from awa_sa.kinds import Cancelled, Completed, Ending, Failed, Outcome, Reschedu
 from awa_sa.queue_storage import translate_map
 from awa_sa.statements.canonical import MOVE_IF_CANONICAL, ROUTED_MOVE, ROUTING_LOCK, GoOn
 from awa_sa.statements.endings import END_ATTEMPTS, Answer, EndItem
+from awa_sa.statements.job_receipts import OPEN_CLAIMS
 from awa_sa.statements.receipt_settles import RECEIPT_LOCKS, SETTLE_RECEIPT
 from awa_sa.statements.receipt_settles import Settled as Closed
-from awa_sa.statements.receipts import OPEN_CLAIMS
 from awa_sa.translation import translated_error
 
 log = logging.getLogger("awa_sa")

@@ -35,6 +35,7 @@ from awa_sa.statements.duplicate import (
     CancelledRow,
     Lane,
 )
+from awa_sa.statements.job_receipts import OPEN_CLAIMS
 from awa_sa.statements.migration import (
     CLAIM_UNIQUE_KEYS,
     INSERT_DEFERRED,
@@ -44,7 +45,6 @@ from awa_sa.statements.migration import (
     Taken,
     TakenJob,
 )
-from awa_sa.statements.receipts import OPEN_CLAIMS
 from awa_sa.tables import JOB_STATES
 from awa_sa.translation import translated
 

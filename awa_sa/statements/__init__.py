@@ -49,8 +49,8 @@ from awa_sa.statements.duplicate import (
 )
 from awa_sa.statements.endings import end_attempts
 from awa_sa.statements.enqueue import insert_jobs, unique_holder
+from awa_sa.statements.job_receipts import open_claims
 from awa_sa.statements.migration import claim_unique_keys, insert_deferred, take_and_allocate
-from awa_sa.statements.receipts import open_claims
 from awa_sa.statements.registry import all_builders
 
 __all__ = [

@@ -33,6 +33,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.elements import ColumnElement
 
+from awa_sa.statements.job_receipts import receipts_of
 from awa_sa.statements.receipts import COLUMNS, no_value, open_receipts
 from awa_sa.tables import Timestamp, jobs_hot
 
@@ -113,13 +114,16 @@ def queue_storage_attempts(*, by_job: bool) -> Select[Any]:
     map).
 
     ``by_job``: the shape for a listing with ``f_job_id`` given (``attempt_of`` always gives
-    it). It reads only that job's receipts (:func:`open_receipts` with ``job_id``), and returns
-    nothing when ``f_job_id`` is NULL; otherwise every receipt is read, then filtered. The rows
-    of a listing with ``f_job_id`` are the same either way: only the work differs (on a
-    cluster with a few thousand settled compact receipts, every one unnested and checked
-    against the closure evidence, and a cost that had PostgreSQL JIT-compile the plan).
+    it). It reads only that job's receipts (:func:`~awa_sa.statements.job_receipts.receipts_of`,
+    a plan less than half as costly to make), and returns nothing when ``f_job_id`` is NULL;
+    otherwise every receipt is read (:func:`open_receipts`), then filtered. The rows of a
+    listing with ``f_job_id`` are the same either way: only the work differs (on a cluster
+    with a few thousand settled compact receipts, every one unnested and checked against the
+    closure evidence, and a cost that had PostgreSQL JIT-compile the plan).
     """
-    return _listed(open_receipts(job_id="f_job_id" if by_job else None))
+    if by_job:
+        return _listed(receipts_of(_param("f_job_id", BigInteger)).subquery("attempts"))
+    return _listed(open_receipts())
 
 
 # --- the listings' parameters and rows -----------------------------------------------------

@@ -1,4 +1,4 @@
-"""The open receipts of a queue-storage schema: its running attempts, and the bare-pair check.
+"""The open receipts of a queue-storage schema: its running attempts, and their evidence.
 
 A queue-storage attempt is an open receipt of the routing schema: a ``lease_claims`` row (a
 queue with a deadline), one position of a compact ``lease_claim_batches`` row (a queue without
@@ -7,24 +7,22 @@ open while no closure evidence names it, as Awa's own runtime enumerates them
 (docs/attempts.md). Kind, args and created_at come from the job's ``ready_entries`` row, which
 a claim leaves as it was. The statements reach their schema only through
 ``schema_translate_map``; :mod:`~awa_sa.statements.listings` lists them with the canonical
-attempts, and :func:`open_claims` checks a canonical call's bare pairs against them.
+attempts. :mod:`~awa_sa.statements.job_receipts` reads one job's receipts by the same evidence
+(``attempt_of``, and the bare-pair check of a canonical call) with these pieces.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from functools import cache
-from typing import Any, Protocol
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
     Boolean,
     Integer,
-    Select,
     SmallInteger,
     Subquery,
     and_,
-    bindparam,
     cast,
     column,
     exists,
@@ -36,7 +34,6 @@ from sqlalchemy import (
     true,
     union_all,
 )
-from sqlalchemy.dialects.postgresql import array
 from sqlalchemy.sql.elements import ColumnElement
 
 from awa_sa.queue_storage import (
@@ -51,9 +48,6 @@ from awa_sa.queue_storage import (
     leases,
     ready_entries,
 )
-from awa_sa.statements.registry import Query, statement
-from awa_sa.statements.sql import bound_rows, rows_as_binds
-from awa_sa.tables import jobs_hot
 
 COLUMNS = (
     "job_id",
@@ -79,13 +73,16 @@ def no_value(name: str, type_: Any) -> ColumnElement[Any]:
     return cast(null(), type_).label(name)
 
 
+SETTLED_BY = (done_entries, deferred_jobs, dlq_entries, leases)
+"""The tables whose row under an attempt's ``(job_id, run_lease)`` is evidence it has ended."""
+
+
 def _settled(
     job_id: ColumnElement[Any], run_lease: ColumnElement[Any]
 ) -> list[ColumnElement[bool]]:
-    """Evidence under the attempt's ``(job_id, run_lease)`` that it has ended."""
     return [
         exists().where(table.c.job_id == job_id, table.c.run_lease == run_lease)
-        for table in (done_entries, deferred_jobs, dlq_entries, leases)
+        for table in SETTLED_BY
     ]
 
 
@@ -116,7 +113,7 @@ def _closed(
     )
 
 
-def _ready_of(place: Any, lane_seq: Any, job_id: Any) -> ColumnElement[bool]:
+def ready_of(place: Any, lane_seq: Any, job_id: Any) -> ColumnElement[bool]:
     """The job's ``ready_entries`` row, by its place in the lane (*place*: a claim's columns).
 
     Not by priority: a receipt records the claim's effective (aged) priority, which can differ
@@ -133,7 +130,7 @@ def _ready_of(place: Any, lane_seq: Any, job_id: Any) -> ColumnElement[bool]:
     )
 
 
-def _heartbeat(
+def heartbeat(
     job_id: ColumnElement[Any], run_lease: ColumnElement[Any], fallback: ColumnElement[Any]
 ) -> ColumnElement[Any]:
     beat = (
@@ -145,18 +142,17 @@ def _heartbeat(
 
 
 @cache
-def open_receipts(*, job_id: str | None = None) -> Subquery:
+def open_receipts() -> Subquery:
     """Every open receipt of one queue-storage schema, one row each, in :data:`COLUMNS`.
 
-    *job_id* names a ``BIGINT`` bind: then each leg reads only that job's receipts, before
-    anything is joined (a compact batch by ``job_ids @> ARRAY[job_id]`` before it is
-    unnested), so an identity lookup stays a small plan on a cluster with thousands of
-    settled receipts; without it, the estimate of unnesting every batch had PostgreSQL
-    JIT-compile the plan, half a second a call. One leg per source keeps each leg's evidence
-    exactly the runtime's, and its cost low enough that PostgreSQL does not JIT it on a fresh
-    cluster (a single union of the sources, checked once, did: 2.4 s on empty tables).
+    One leg per source, each joined to ``ready_entries`` and checked against the closure
+    evidence, which PostgreSQL can hash over every receipt at once; each leg's evidence is
+    exactly the runtime's. On a new cluster its estimate is over ``jit_above_cost`` all the
+    same (some 219,000: every batch unnested, by the planner's default guesses), which is why
+    an Engine's listing turns JIT off (:mod:`awa_sa.running`); a single union of the sources,
+    checked once, took 2.4 s on empty tables with JIT on. The receipts of one job are read by
+    :mod:`~awa_sa.statements.job_receipts` instead.
     """
-    job = None if job_id is None else cast(bindparam(job_id, type_=BigInteger), BigInteger)
     ready = ready_entries
     c = lease_claims.alias("claim")
     row_receipts = (
@@ -170,7 +166,7 @@ def open_receipts(*, job_id: str | None = None) -> Subquery:
             c.c.attempt,
             c.c.max_attempts,
             c.c.claimed_at.label("attempted_at"),
-            _heartbeat(c.c.job_id, c.c.run_lease, c.c.claimed_at),
+            heartbeat(c.c.job_id, c.c.run_lease, c.c.claimed_at),
             c.c.deadline_at,
             c.c.claim_slot,
             c.c.receipt_id,
@@ -180,12 +176,11 @@ def open_receipts(*, job_id: str | None = None) -> Subquery:
         .select_from(
             c.join(
                 ready,
-                _ready_of(c.c, c.c.lane_seq, c.c.job_id),
+                ready_of(c.c, c.c.lane_seq, c.c.job_id),
             )
         )
         .where(
             c.c.closed_at.is_(None),
-            *([] if job is None else [c.c.job_id == job]),
             ~_closed(c.c.claim_slot, c.c.job_id, c.c.run_lease, c.c.receipt_id, in_slot=False),
         )
     )
@@ -223,7 +218,7 @@ def open_receipts(*, job_id: str | None = None) -> Subquery:
             i.attempt,
             i.max_attempts,
             b.c.claimed_at.label("attempted_at"),
-            _heartbeat(i.job_id, i.run_lease, b.c.claimed_at),
+            heartbeat(i.job_id, i.run_lease, b.c.claimed_at),
             b.c.deadline_at,
             b.c.claim_slot,
             i.receipt_id,
@@ -233,17 +228,10 @@ def open_receipts(*, job_id: str | None = None) -> Subquery:
         .select_from(
             b.join(items, true()).join(
                 ready,
-                _ready_of(b.c, i.lane_seq, i.job_id),
+                ready_of(b.c, i.lane_seq, i.job_id),
             )
         )
-        .where(
-            *(
-                []
-                if job is None
-                else [b.c.job_ids.op("@>", return_type=Boolean)(array([job])), i.job_id == job]
-            ),
-            ~_closed(b.c.claim_slot, i.job_id, i.run_lease, i.receipt_id, in_slot=True),
-        )
+        .where(~_closed(b.c.claim_slot, i.job_id, i.run_lease, i.receipt_id, in_slot=True))
     )
 
     lease = leases
@@ -259,7 +247,7 @@ def open_receipts(*, job_id: str | None = None) -> Subquery:
             lease.c.attempt,
             lease.c.max_attempts,
             lease.c.attempted_at,
-            _heartbeat(lease.c.job_id, lease.c.run_lease, lease.c.heartbeat_at),
+            heartbeat(lease.c.job_id, lease.c.run_lease, lease.c.heartbeat_at),
             lease.c.deadline_at,
             receipt.c.claim_slot,
             receipt.c.receipt_id,
@@ -269,7 +257,7 @@ def open_receipts(*, job_id: str | None = None) -> Subquery:
         .select_from(
             lease.join(
                 ready,
-                _ready_of(lease.c, lease.c.lane_seq, lease.c.job_id),
+                ready_of(lease.c, lease.c.lane_seq, lease.c.job_id),
             ).outerjoin(
                 receipt,
                 and_(
@@ -278,59 +266,6 @@ def open_receipts(*, job_id: str | None = None) -> Subquery:
                 ),
             )
         )
-        .where(
-            lease.c.state == literal_column("'running'"),
-            *([] if job is None else [lease.c.job_id == job]),
-        )
+        .where(lease.c.state == literal_column("'running'"))
     )
     return union_all(row_receipts, compact_receipts, materialised).subquery("attempts")
-
-
-@statement
-def open_claims(*, batch: bool) -> Select[Any]:
-    """The asked ``(job_id, run_lease)`` pairs that name an open claim of the schema, each
-    with whether a running canonical row has that pair too.
-
-    What a canonical call checks in the queue-storage branch before it takes anything: there
-    the two planes' pairs collide, and a bare pair that also names a queue-storage claim may
-    not mean the canonical row (docs/contract.md#bare-pair).
-    """
-    attempts = open_receipts(job_id=None if batch else _PAIR[0])
-    a = attempts.c
-    hot = jobs_hot.c
-    canonical_too = exists().where(
-        hot.id == a.job_id, hot.run_lease == a.run_lease, hot.state == literal_column("'running'")
-    )
-    claimed = select(a.job_id, a.run_lease, canonical_too.label("canonical_too")).distinct()
-    if not batch:
-        job_id, lease = (cast(bindparam(n, type_=BigInteger), BigInteger) for n in _PAIR)
-        return claimed.where(a.job_id == job_id, a.run_lease == lease)
-    fields = [(_PAIR[0], "job_id", BigInteger), (_PAIR[1], "lease", BigInteger)]
-    asked = bound_rows("asked", fields, batch)
-    return claimed.join_from(
-        attempts, asked, and_(a.job_id == asked.c.job_id, a.run_lease == asked.c.lease)
-    )
-
-
-_PAIR = ("guard_id", "guard_lease")
-
-
-class Pair(Protocol):
-    """What names a claim: every attempt's parameters have it."""
-
-    @property
-    def job_id(self) -> int: ...
-    @property
-    def run_lease(self) -> int: ...
-
-
-def _pair_binds(items: Sequence[Pair]) -> Mapping[str, Any]:
-    return rows_as_binds([dict(zip(_PAIR, (i.job_id, i.run_lease), strict=True)) for i in items])
-
-
-OPEN_CLAIMS: Query[Sequence[Pair], dict[tuple[int, int], bool]] = Query(
-    lambda items: open_claims(batch=len(items) > 1),
-    _pair_binds,
-    lambda rows: {(row.job_id, row.run_lease): bool(row.canonical_too) for row in rows},
-)
-"""The asked pairs an open claim of the schema holds: pair -> whether canonical has it too."""

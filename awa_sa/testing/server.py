@@ -69,6 +69,15 @@ def _scratch_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="awa-sa-pg-", dir=scratch_parent()))
 
 
+_PORT_TRIES = 5
+_PORT_TAKEN = "Address already in use"
+"""The free port is chosen before initdb, about a second before the server binds it, and in
+that second any socket may take it: a client connection's local port comes from the same
+ephemeral range, and a suite's workers open hundreds. Then another free port is tried. (One
+worker's server of a four-worker suite once failed to start, and its log went with its
+directory; a failure's own log lines are now in the error.)"""
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -186,6 +195,21 @@ class EmbeddedPostgres:
             )
         finally:
             pwfile.unlink()
+        for tries_left in reversed(range(_PORT_TRIES)):
+            log = self.root / "server.log"
+            seen = log.stat().st_size if log.exists() else 0
+            try:
+                self._pg_ctl_start(log)
+                return self
+            except EmbeddedPostgresError as exc:
+                said = log.read_text(errors="replace")[seen:] if log.exists() else ""
+                if tries_left and _PORT_TAKEN in said:
+                    self.port = _free_port()
+                    continue
+                raise EmbeddedPostgresError(f"{exc}\n{said.strip()}") from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _pg_ctl_start(self, log: Path) -> None:
         options = " ".join(
             [f"-p {self.port}", f"-k {self.root}", f"-c listen_addresses={self.host}"]
             + [f"-c {s}" for s in (*_FAST_SETTINGS, *self.settings)]
@@ -197,13 +221,12 @@ class EmbeddedPostgres:
             "-o",
             options,
             "-l",
-            str(self.root / "server.log"),
+            str(log),
             "-w",
             "-t",
             "60",
             "start",
         )
-        return self
 
     def stop(self) -> None:
         if (self.datadir / "postmaster.pid").exists():

@@ -26,13 +26,10 @@ from sqlalchemy import (
     Boolean,
     Integer,
     Select,
-    SmallInteger,
     and_,
     bindparam,
     cast,
-    column,
     exists,
-    func,
     literal_column,
     or_,
     select,
@@ -51,7 +48,7 @@ from awa_sa.queue_storage import (
     leases,
     ready_entries,
 )
-from awa_sa.statements.receipts import SETTLED_BY, heartbeat, no_value, ready_of
+from awa_sa.statements.receipts import SETTLED_BY, batch_items, heartbeat, no_value, ready_of
 from awa_sa.statements.registry import Query, statement
 from awa_sa.statements.sql import bound_rows, rows_as_binds
 from awa_sa.tables import jobs_hot
@@ -84,26 +81,7 @@ def _claims(job: ColumnElement[Any], outer: tuple[FromClause, ...]) -> Select[An
         .correlate(*outer)
     )
     b = lease_claim_batches.alias("batch")
-    items = (
-        func.unnest(
-            b.c.job_ids,
-            b.c.run_leases,
-            b.c.receipt_ids,
-            b.c.lane_seqs,
-            b.c.attempts,
-            b.c.max_attempts,
-        )
-        .table_valued(
-            column("job_id", BigInteger),
-            column("run_lease", BigInteger),
-            column("receipt_id", BigInteger),
-            column("lane_seq", BigInteger),
-            column("attempt", SmallInteger),
-            column("max_attempts", SmallInteger),
-            with_ordinality="position",
-        )
-        .render_derived(name="items")
-    )
+    items = batch_items(b)
     i = items.c
     compact = (
         select(

@@ -35,6 +35,7 @@ from sqlalchemy import (
     union_all,
 )
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.selectable import FromClause, TableValuedAlias
 
 from awa_sa.queue_storage import (
     attempt_state,
@@ -71,6 +72,30 @@ COLUMNS = (
 
 def no_value(name: str, type_: Any) -> ColumnElement[Any]:
     return cast(null(), type_).label(name)
+
+
+def batch_items(b: FromClause) -> TableValuedAlias:
+    """A compact batch row's receipts, one row each, with its position in the batch."""
+    return (
+        func.unnest(
+            b.c.job_ids,
+            b.c.run_leases,
+            b.c.receipt_ids,
+            b.c.lane_seqs,
+            b.c.attempts,
+            b.c.max_attempts,
+        )
+        .table_valued(
+            column("job_id", BigInteger),
+            column("run_lease", BigInteger),
+            column("receipt_id", BigInteger),
+            column("lane_seq", BigInteger),
+            column("attempt", SmallInteger),
+            column("max_attempts", SmallInteger),
+            with_ordinality="position",
+        )
+        .render_derived(name="items")
+    )
 
 
 SETTLED_BY = (done_entries, deferred_jobs, dlq_entries, leases)
@@ -186,26 +211,7 @@ def open_receipts() -> Subquery:
     )
 
     b = lease_claim_batches.alias("batch")
-    items = (
-        func.unnest(
-            b.c.job_ids,
-            b.c.run_leases,
-            b.c.receipt_ids,
-            b.c.lane_seqs,
-            b.c.attempts,
-            b.c.max_attempts,
-        )
-        .table_valued(
-            column("job_id", BigInteger),
-            column("run_lease", BigInteger),
-            column("receipt_id", BigInteger),
-            column("lane_seq", BigInteger),
-            column("attempt", SmallInteger),
-            column("max_attempts", SmallInteger),
-            with_ordinality="position",
-        )
-        .render_derived(name="items")
-    )
+    items = batch_items(b)
     i = items.c
     compact_receipts = (
         select(

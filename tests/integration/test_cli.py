@@ -324,3 +324,11 @@ def test_help() -> None:
     assert proc.returncode == 0
     for command in ("demo", "sql", "status"):
         assert command in proc.stdout
+
+
+def test_the_listing_of_a_fresh_interpreter_is_the_one_tested_in_process() -> None:
+    """The other listing tests run the command in the test's process, where anything the suite
+    imported first is already there; a fresh ``awa-sa sql`` must print the same."""
+    fresh = awa_sa_cmd("sql", "--schema", "awa_qs")
+    assert fresh.returncode == 0, fresh.stderr
+    assert fresh.stdout == awa_sa_in_process("sql", "--schema", "awa_qs").stdout

@@ -195,14 +195,14 @@ class EmbeddedPostgres:
             )
         finally:
             pwfile.unlink()
+        log = self.root / "server.log"
         for tries_left in reversed(range(_PORT_TRIES)):
-            log = self.root / "server.log"
-            seen = log.stat().st_size if log.exists() else 0
+            seen = log.stat().st_size if log.exists() else 0  # bytes, as the log is read back
             try:
                 self._pg_ctl_start(log)
                 return self
             except EmbeddedPostgresError as exc:
-                said = log.read_text(errors="replace")[seen:] if log.exists() else ""
+                said = log.read_bytes()[seen:].decode(errors="replace") if log.exists() else ""
                 if tries_left and _PORT_TAKEN in said:
                     self.port = _free_port()
                     continue

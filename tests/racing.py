@@ -417,10 +417,6 @@ class RealTransitions:
         conn.execute(sa.text("SELECT * FROM awa.storage_finalize()")).all()
 
 
-def transitions_for(kind: str, engine: sa.Engine) -> Transitions:
-    return RealTransitions(engine) if kind == "real" else EmulatedTransitions()
-
-
 def routing(conn: sa.Connection) -> tuple[str | None, int | None, str | None]:
     """``(state, transition_epoch, active_queue_storage_schema())`` as committed now."""
     row = conn.execute(

@@ -39,12 +39,12 @@ from conftest import Cluster
 from jobs import advance_sequence, insert_holder, insert_job
 from racing import (
     EmulatedTransitions,
+    RealTransitions,
     assert_unchanged,
     fingerprint,
     held,
     in_thread,
     take_snapshot,
-    transitions_for,
     wait_for,
     wait_until_blocked,
 )
@@ -367,7 +367,7 @@ def _lock_timeout_on_the_singleton(cluster: Cluster, timed: sa.Engine) -> None:
     aborted (it is the first statement, outside any savepoint): the caller must roll back.
     """
     engine = cluster.engine
-    moves = transitions_for(cluster.kind, engine)
+    moves = RealTransitions(engine)
     with engine.begin() as conn:
         job_id, lease = _plain(conn)
     with held(engine) as transition:
@@ -395,7 +395,7 @@ def _lock_timeout_on_the_singleton(cluster: Cluster, timed: sa.Engine) -> None:
 def _cancelled_while_waiting(cluster: Cluster) -> None:
     """pg_cancel_backend while the call waits for the singleton: 57014, no change."""
     engine = cluster.engine
-    moves = transitions_for(cluster.kind, engine)
+    moves = RealTransitions(engine)
     with engine.begin() as conn:
         job_id, lease = _plain(conn)
     before = take_snapshot(engine)

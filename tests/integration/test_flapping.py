@@ -34,7 +34,7 @@ import pytest
 import sqlalchemy as sa
 from conftest import Cluster
 from jobs import insert_job
-from racing import Transitions, held, transitions_for, wait_until_blocked
+from racing import RealTransitions, Transitions, held, wait_until_blocked
 
 from awa_sa import (
     Attempt,
@@ -193,7 +193,7 @@ def _phase_writes(callers: Callers) -> None:
 
 def _flap(cluster: Cluster) -> None:
     engine = cluster.engine
-    moves = transitions_for(cluster.kind, engine)
+    moves = RealTransitions(engine)
     with engine.begin() as conn:
         conn.exec_driver_sql(_AUDIT)
         per_cycle = 5 * CALLS_PER_PHASE * (2 + BATCH)  # five phases, each job taken once

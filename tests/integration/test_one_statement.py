@@ -25,10 +25,10 @@ import sqlalchemy as sa
 from conftest import Cluster
 from jobs import insert_holder, insert_job
 from racing import (
+    RealTransitions,
     Transitions,
     after_it_waits,
     take_snapshot,
-    transitions_for,
 )
 from recording import recording, step
 from sqlalchemy.dialects.postgresql import psycopg
@@ -126,7 +126,7 @@ def _enter(cluster: Cluster, moves: Transitions, phase: str) -> None:
 @pytest.mark.parametrize("caller", ["engine", "batch", "connection"])
 def test_abort_while_it_waits_routes_canonical(cluster: Cluster, caller: str) -> None:
     engine = cluster.engine
-    moves = transitions_for(cluster.kind, engine)
+    moves = RealTransitions(engine)
     call = _callers(engine)[caller]
     # Control 1: Awa 0.6's lock-and-read returns the schema the abort has just deactivated.
     _enter(cluster, moves, "mixed_transition")
@@ -162,7 +162,7 @@ def test_enter_mixed_while_it_waits_does_not_move_canonically(
     cluster: Cluster, caller: str
 ) -> None:
     engine = cluster.engine
-    moves = transitions_for(cluster.kind, engine)
+    moves = RealTransitions(engine)
     call = _callers(engine)[caller]
     _enter(cluster, moves, "prepared")
     # Control 1: the function-call read waited for the flip and still says canonical.
@@ -391,7 +391,7 @@ def test_a_unique_conflict_in_autocommit_changes_nothing(cluster: Cluster) -> No
 
 def test_repeatable_read_after_a_transition_is_a_serialization_failure(cluster: Cluster) -> None:
     engine = cluster.engine
-    moves = transitions_for(cluster.kind, engine)
+    moves = RealTransitions(engine)
     (job,) = _seed(engine)
     with engine.connect() as conn:
         conn.execution_options(isolation_level="REPEATABLE READ")

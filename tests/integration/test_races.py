@@ -24,8 +24,7 @@ import sqlalchemy as sa
 from conftest import Cluster
 from jobs import advance_sequence, insert_job
 from racing import (
-    EmulatedTransitions,
-    TransitionRefused,
+    RealTransitions,
     Transitions,
     after_it_waits,
     assert_unchanged,
@@ -34,7 +33,6 @@ from racing import (
     routing,
     snapshot,
     take_snapshot,
-    transitions_for,
     wait_until_blocked,
 )
 
@@ -503,8 +501,7 @@ def _reschedule_first_then_abort_refuses(
         first.commit()
     error = refused.exception(timeout=20)
     assert error is not None, "abort passed with a migrated job in queue storage"
-    expected = TransitionRefused if isinstance(moves, EmulatedTransitions) else sa.exc.DBAPIError
-    assert isinstance(error, expected), error
+    assert isinstance(error, sa.exc.DBAPIError), error
     assert _phase(engine) == ("mixed_transition", schema)
     with engine.connect() as conn:
         assert _where(conn, won.job_id) == {f"{schema}.deferred_jobs": 1}
@@ -563,7 +560,7 @@ def test_transitions_racing_a_reschedule(cluster: Cluster, schema: str) -> None:
        while a late completion of that attempt waits, and is Stale.
     """
     engine = cluster.engine
-    moves = transitions_for(cluster.kind, engine)
+    moves = RealTransitions(engine)
 
     def prepare() -> None:
         _commit(engine, lambda c: moves.prepare(c, schema))

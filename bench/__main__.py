@@ -159,7 +159,7 @@ def enqueueing(server: EmbeddedPostgres, a: Any) -> dict[str, Any]:
         "single": _measured(enqueue.build(urls), "", a, enqueue.Numbers()),
         "round_trips": enqueue.round_trips(server.port, urls),
         "size": a.enqueue_size,
-        "bulk": enqueue.bulk(urls, a.enqueue_size, a.enqueue_rounds),
+        "bulk": enqueue.bulk(server, urls, a.enqueue_size, a.enqueue_rounds),
     }
 
 
@@ -281,7 +281,7 @@ def main() -> None:
     parser.add_argument("--batch-rounds", type=int, default=5)
     parser.add_argument("--pooled-seconds", type=float, default=30.0)
     parser.add_argument("--enqueue-size", type=int, default=10_000, help="jobs per bulk way")
-    parser.add_argument("--enqueue-rounds", type=int, default=3, help="bulk rounds, median")
+    parser.add_argument("--enqueue-rounds", type=int, default=4, help="bulk rounds, median")
     parser.add_argument("--administer-size", type=int, default=10_000, help="failed jobs")
     parser.add_argument("--administer-rounds", type=int, default=3, help="rounds, median")
     parser.add_argument(

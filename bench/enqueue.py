@@ -15,10 +15,10 @@ job goes through ``awa.insert_job_compat`` to the plane of its phase.
   form), awa-pg 0.6.9's ``Client.insert_many_copy`` (COPY into a staging table), *size*
   single ``enqueue`` calls (Connection form), and the server calling ``insert_job_compat``
   for each job with nothing of a client around it (:data:`FUNCTION_ALONE`, the floor of any
-  caller of the function). Each way runs once per round, the four in turn,
-  and its median is kept, with the statements the server ran for it (``pg_stat_statements``,
-  top level, BEGIN, COMMIT and COPY included, the harness's own subtracted): awa-pg's counted
-  the same way as ours.
+  caller of the function). Each way runs once per round on a fresh copy of the plane's
+  database (:func:`bulk` says why), the order turning each round, and its median is kept,
+  with the statements the server ran for it (``pg_stat_statements``, top level, BEGIN, COMMIT
+  and COPY included, the harness's own subtracted): awa-pg's counted the same way as ours.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ TARGETS = {"enqueue_many / COPY": ("<=", 1.0), "singles / enqueue_many": (">=", 
 """Issue 36's: ``enqueue_many``'s time over ``insert_many_copy``'s at most, and *size* single
 ``enqueue`` calls' over ``enqueue_many``'s at least."""
 
-Way = Callable[[list[dict[str, Any]]], None]
+Way = Callable[[sa.Engine, "awa.Client", list[dict[str, Any]]], None]
 
 
 def _args(n: int, tag: str = "") -> dict[str, Any]:
@@ -175,52 +175,96 @@ def round_trips(port: int, urls: dict[str, str], calls: int = 5) -> dict[str, fl
     return {name: s.round_trips / s.calls for name, s in samples.items()}
 
 
-def bulk(urls: dict[str, str], size: int, rounds: int) -> dict[str, Any]:
-    """Per plane, each way's median seconds, jobs per second and statements."""
+def bulk(server: EmbeddedPostgres, urls: dict[str, str], size: int, rounds: int) -> dict[str, Any]:
+    """Per plane, each way's median seconds, jobs per second and statements.
+
+    Every timed call gets the same start: a fresh copy of the plane's database, its
+    connections opened and warmed by two jobs, then a checkpoint, all outside the clock. On
+    one growing database each way met tables the ways before it had filled and whatever
+    checkpoint or write-back they had left due, so a way's time depended on its place in the
+    round (COPY's median moved by a third between two quiet runs). The ways' order also turns
+    by one each round.
+    """
     out: dict[str, Any] = {}
     for plane, url in urls.items():
-        engine = sa.create_engine(url, pool_size=2)
-        with engine.begin() as conn:
-            conn.execute(sa.text("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
-            # The server tracks nothing (bench.server_cost); from here on this database's every
-            # new connection is tracked, awa-pg's too.
-            name = sa.make_url(url).database
-            conn.execute(sa.text(f'ALTER DATABASE "{name}" SET pg_stat_statements.track = top'))
-        engine.dispose()  # its connections predate the setting
-        admin = sa.create_engine(url, pool_size=1, isolation_level="AUTOCOMMIT")
-        client = awa.Client(sa.make_url(url).set(drivername="postgresql").render_as_string(False))
-        try:
-            out[plane] = _measure(admin, _ways(engine, client), size, rounds)
-        finally:
-            client.close()
-            engine.dispose()
-            admin.dispose()
+        out[plane] = _measure(server, sa.make_url(url).database or "", size, rounds)
     return out
 
 
-def _ways(engine: sa.Engine, client: awa.Client) -> dict[str, Way]:
-    def batch(args: list[dict[str, Any]]) -> None:
-        awa_sa.enqueue_many(engine, [awa_sa.NewJob(a, kind=KIND) for a in args])
-
-    def copy(args: list[dict[str, Any]]) -> None:
-        client.insert_many_copy(args, kind=KIND)
-
-    def singles(args: list[dict[str, Any]]) -> None:
-        with engine.connect() as conn:
-            for a in args:
-                awa_sa.enqueue(conn, a, kind=KIND)
-            conn.commit()
-
-    def function_alone(args: list[dict[str, Any]]) -> None:
-        with engine.begin() as conn:
-            conn.execute(FUNCTION_ALONE, {"kind": KIND, "args": json.dumps(args)}).scalar_one()
-
+def _measure(server: EmbeddedPostgres, template: str, size: int, rounds: int) -> dict[str, Any]:
+    names = list(WAYS)
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    statements: dict[str, list[int]] = {name: [] for name in names}
+    for round_ in range(rounds):
+        turn = round_ % len(names)
+        for name in names[turn:] + names[:turn]:
+            args = [_args(n, f"{name} {round_}") for n in range(size)]
+            took, count = _timed(server, template, WAYS[name], args)
+            seconds[name].append(took)
+            statements[name].append(count)
     return {
-        "awa-sa enqueue_many": batch,
-        "awa-pg insert_many_copy": copy,
-        "awa-sa enqueue x N": singles,
-        "insert_job_compat alone": function_alone,
+        name: {
+            "seconds": statistics.median(seconds[name]),
+            "jobs_per_s": size / statistics.median(seconds[name]),
+            "statements": statistics.median(statements[name]),
+            "rounds": seconds[name],
+        }
+        for name in names
     }
+
+
+def _timed(
+    server: EmbeddedPostgres, template: str, way: Way, args: list[dict[str, Any]]
+) -> tuple[float, int]:
+    """*way*'s seconds for *args* on a fresh copy of *template*, and the statements it sent."""
+    name = f"{template}_timed"
+    root = sa.create_engine(server.url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+    with root.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}" TEMPLATE "{template}" STRATEGY FILE_COPY'))
+        # The server tracks nothing (bench.server_cost); this database's connections are.
+        conn.execute(sa.text(f'ALTER DATABASE "{name}" SET pg_stat_statements.track = top'))
+    url = database_url(server, name)
+    engine = sa.create_engine(url, pool_size=2)
+    admin = sa.create_engine(url, pool_size=1, isolation_level="AUTOCOMMIT")
+    client = awa.Client(sa.make_url(url).set(drivername="postgresql").render_as_string(False))
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
+        way(engine, client, [_args(-n, "warm") for n in range(1, 3)])
+        with admin.connect() as conn:
+            conn.execute(sa.text("CHECKPOINT"))
+        server_statements(admin, reset=True)
+        start = time.perf_counter()
+        way(engine, client, args)
+        took = time.perf_counter() - start
+        return took, server_statements(admin)
+    finally:
+        client.close()
+        engine.dispose()
+        admin.dispose()
+        with root.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+        root.dispose()
+
+
+def _batch(engine: sa.Engine, client: awa.Client, args: list[dict[str, Any]]) -> None:
+    awa_sa.enqueue_many(engine, [awa_sa.NewJob(a, kind=KIND) for a in args])
+
+
+def _copy(engine: sa.Engine, client: awa.Client, args: list[dict[str, Any]]) -> None:
+    client.insert_many_copy(args, kind=KIND)
+
+
+def _singles(engine: sa.Engine, client: awa.Client, args: list[dict[str, Any]]) -> None:
+    with engine.connect() as conn:
+        for a in args:
+            awa_sa.enqueue(conn, a, kind=KIND)
+        conn.commit()
+
+
+def _function_alone(engine: sa.Engine, client: awa.Client, args: list[dict[str, Any]]) -> None:
+    with engine.begin() as conn:
+        conn.execute(FUNCTION_ALONE, {"kind": KIND, "args": json.dumps(args)}).scalar_one()
 
 
 FUNCTION_ALONE = sa.text(
@@ -232,6 +276,13 @@ FUNCTION_ALONE = sa.text(
 """Awa's producer function called once per job by the server alone: no row goes back and no
 client checks or hashes anything, so its time is what any caller of the function pays at
 least, the floor of ``enqueue_many``'s that ``insert_many_copy`` (no function) is held to."""
+WAYS: dict[str, Way] = {
+    "awa-sa enqueue_many": _batch,
+    "awa-pg insert_many_copy": _copy,
+    "awa-sa enqueue x N": _singles,
+    "insert_job_compat alone": _function_alone,
+}
+"""The bulk ways, each given the Engine and awa-pg's client on the same fresh database."""
 
 
 def server_statements(admin: sa.Engine, reset: bool = False) -> int:
@@ -250,29 +301,6 @@ def server_statements(admin: sa.Engine, reset: bool = False) -> int:
                 )
             ).scalar_one()
         )
-
-
-def _measure(admin: sa.Engine, ways: dict[str, Way], size: int, rounds: int) -> dict[str, Any]:
-    seconds: dict[str, list[float]] = {name: [] for name in ways}
-    statements: dict[str, list[int]] = {name: [] for name in ways}
-    for round_ in range(rounds + 1):  # round 0 warms up
-        for name, way in ways.items():
-            args = [_args(n, f"{name} {round_}") for n in range(size)]
-            server_statements(admin, reset=True)
-            start = time.perf_counter()
-            way(args)
-            took = time.perf_counter() - start
-            if round_:
-                seconds[name].append(took)
-                statements[name].append(server_statements(admin))
-    return {
-        name: {
-            "seconds": statistics.median(seconds[name]),
-            "jobs_per_s": size / statistics.median(seconds[name]),
-            "statements": statistics.median(statements[name]),
-        }
-        for name in ways
-    }
 
 
 def summary(result: dict[str, Any]) -> str:

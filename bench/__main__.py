@@ -160,6 +160,7 @@ def enqueueing(server: EmbeddedPostgres, a: Any) -> dict[str, Any]:
         "round_trips": enqueue.round_trips(server.port, urls),
         "size": a.enqueue_size,
         "bulk": enqueue.bulk(server, urls, a.enqueue_size, a.enqueue_rounds),
+        "far": enqueue.far(server, urls, a.enqueue_size, a.enqueue_rtt_ms),
     }
 
 
@@ -282,6 +283,12 @@ def main() -> None:
     parser.add_argument("--pooled-seconds", type=float, default=30.0)
     parser.add_argument("--enqueue-size", type=int, default=10_000, help="jobs per bulk way")
     parser.add_argument("--enqueue-rounds", type=int, default=4, help="bulk rounds, median")
+    parser.add_argument(
+        "--enqueue-rtt-ms",
+        type=lambda text: [float(rtt) for rtt in text.split(",")],
+        default=[0.5, 2.5],
+        help="round trips the proxy adds to the bulk singles and enqueue_many, comma-separated",
+    )
     parser.add_argument("--administer-size", type=int, default=10_000, help="failed jobs")
     parser.add_argument("--administer-rounds", type=int, default=3, help="rounds, median")
     parser.add_argument(

@@ -198,8 +198,7 @@ def _measure(server: EmbeddedPostgres, template: str, size: int, rounds: int) ->
     for round_ in range(rounds):
         turn = round_ % len(names)
         for name in names[turn:] + names[:turn]:
-            args = [_args(n, f"{name} {round_}") for n in range(size)]
-            took, count = _timed(server, template, WAYS[name], args)
+            took, count = _timed(server, template, WAYS[name], _round(size, f"{name} {round_}"))
             seconds[name].append(took)
             statements[name].append(count)
     return {
@@ -213,10 +212,61 @@ def _measure(server: EmbeddedPostgres, template: str, size: int, rounds: int) ->
     }
 
 
+def far(
+    server: EmbeddedPostgres, urls: dict[str, str], size: int, rtts_ms: list[float]
+) -> dict[str, Any]:
+    """Per plane and added round trip, ``enqueue_many``'s and the single calls' seconds with
+    the Engine's connections through :mod:`bench.proxy` (one round each, fresh copies).
+
+    On loopback a single call's round trip is short beside what the function costs the server
+    per job, which no caller can avoid; a real service's database is further away, and this
+    is what the singles' ratio becomes there.
+    """
+    ways = ("awa-sa enqueue_many", "awa-sa enqueue x N")
+    out: dict[str, Any] = {}
+    for plane, url in urls.items():
+        template = sa.make_url(url).database or ""
+        out[plane] = {}
+        for rtt in rtts_ms:
+            with Distant(server.port, rtt * 500, seconds=3600) as proxy:
+                row: dict[str, float] = {
+                    name: _timed(server, template, WAYS[name], _round(size, name), proxy.port)[0]
+                    for name in ways
+                }
+                row["round trip"] = _round_trip(sa.make_url(url).set(port=proxy.port))
+            out[plane][f"{rtt:g}"] = row
+    return out
+
+
+def _round_trip(url: sa.URL, calls: int = 50) -> float:
+    """The median seconds of one ``SELECT 1`` at *url*: the round trip as the driver sees it,
+    the proxy's own cost included (more than the delay it adds)."""
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    with engine.connect() as conn:
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        times = []
+        for _ in range(calls):
+            start = time.perf_counter()
+            raw.execute("SELECT 1").fetchall()
+            times.append(time.perf_counter() - start)
+    engine.dispose()
+    return statistics.median(times)
+
+
+def _round(size: int, tag: str) -> list[dict[str, Any]]:
+    return [_args(n, tag) for n in range(size)]
+
+
 def _timed(
-    server: EmbeddedPostgres, template: str, way: Way, args: list[dict[str, Any]]
+    server: EmbeddedPostgres,
+    template: str,
+    way: Way,
+    args: list[dict[str, Any]],
+    port: int | None = None,
 ) -> tuple[float, int]:
-    """*way*'s seconds for *args* on a fresh copy of *template*, and the statements it sent."""
+    """*way*'s seconds for *args* on a fresh copy of *template*, and the statements it sent;
+    the Engine's connections through *port* where one is given."""
     name = f"{template}_timed"
     root = sa.create_engine(server.url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
     with root.connect() as conn:
@@ -224,7 +274,7 @@ def _timed(
         # The server tracks nothing (bench.server_cost); this database's connections are.
         conn.execute(sa.text(f'ALTER DATABASE "{name}" SET pg_stat_statements.track = top'))
     url = database_url(server, name)
-    engine = sa.create_engine(url, pool_size=2)
+    engine = sa.create_engine(sa.make_url(url).set(port=port) if port else url, pool_size=2)
     admin = sa.create_engine(url, pool_size=1, isolation_level="AUTOCOMMIT")
     client = awa.Client(sa.make_url(url).set(drivername="postgresql").render_as_string(False))
     try:
@@ -335,8 +385,19 @@ def summary(result: dict[str, Any]) -> str:
             met = ratio <= target if bound == "<=" else ratio >= target
             verdict = "met" if met else "MISSED"
             lines.append(f"  {label:26} {ratio:6.2f}x  target {bound} {target:.1f}x {verdict}")
-        alone = (
-            ways["insert_job_compat alone"]["seconds"] / ways["awa-pg insert_many_copy"]["seconds"]
+        alone = ways["insert_job_compat alone"]["seconds"]
+        copy = ways["awa-pg insert_many_copy"]["seconds"]
+        lines.append(f"  {'function alone / COPY':26} {alone / copy:6.2f}x  (any caller's floor)")
+        singles = ways["awa-sa enqueue x N"]["seconds"]
+        lines.append(
+            f"  {'singles / function alone':26} {singles / alone:6.2f}x  (any batch's ceiling)"
         )
-        lines.append(f"  {'function alone / COPY':26} {alone:6.2f}x  (any caller's floor)")
+        for rtt, far_ways in result["far"][plane].items():
+            ratio = far_ways["awa-sa enqueue x N"] / far_ways["awa-sa enqueue_many"]
+            trip = far_ways["round trip"] * 1000
+            label = f"singles / enqueue_many, proxy +{rtt} ms (round trip {trip:.2f} ms)"
+            lines.append(
+                f"  {label}: {ratio:.2f}x ({far_ways['awa-sa enqueue x N']:.1f} s / "
+                f"{far_ways['awa-sa enqueue_many'] * 1000:.0f} ms)"
+            )
     return "\n".join(lines)

@@ -268,8 +268,14 @@ def test_the_enqueue_part_compares_one_job_with_the_raw_statement_and_bulk_ways(
         ways = part["bulk"][plane]
         assert {name: row["statements"] for name, row in ways.items()} == statements
         assert _not_positive(ways, "seconds", "jobs_per_s") == []
-    for label in ("enqueue_many / COPY", "singles / enqueue_many", "function alone / COPY"):
+    for plane in ("canonical", "queue storage"):
+        far = part["far"][plane]
+        assert list(far) == ["0.5", "2.5"]  # the proxy's added round trips, by default
+        assert _not_positive(far, *far["0.5"]) == []
+    labels = ("enqueue_many / COPY", "singles / enqueue_many ", "function alone / COPY")
+    for label in (*labels, "singles / function alone"):
         assert sum(line.strip().startswith(label) for line in printed.splitlines()) == 2
+    assert sum("singles / enqueue_many, proxy +" in line for line in printed.splitlines()) == 4
 
 
 AWA_SA_STATEMENTS = {

@@ -325,7 +325,9 @@ FUNCTION_ALONE = sa.text(
 )
 """Awa's producer function called once per job by the server alone: no row goes back and no
 client checks or hashes anything, so its time is what any caller of the function pays at
-least, the floor of ``enqueue_many``'s that ``insert_many_copy`` (no function) is held to."""
+least: the floor of ``enqueue_many`` and of ``insert_many_copy``, which calls it once per job
+too, and, over *size* single calls, the ceiling of any batch's ratio
+(docs/contract.md#enqueue-bounds)."""
 WAYS: dict[str, Way] = {
     "awa-sa enqueue_many": _batch,
     "awa-pg insert_many_copy": _copy,

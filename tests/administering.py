@@ -19,7 +19,7 @@ import awa
 import psycopg
 import sqlalchemy as sa
 from conftest import cloned
-from jobs import plane_tables
+from jobs import RUNTIME_CLOCK, plane_tables, sequences
 from runtimes import hold_leadership, pg_url
 
 import awa_sa
@@ -33,14 +33,7 @@ CLOCK = re.compile(
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 """A callback id: random on each twin, so masked like a clock."""
 MARKER = "awa_sa_test_step"
-BOOKKEEPING = (
-    "runtime_instances",
-    "runtime_storage_backends",
-    "queue_descriptors",
-    "job_kind_descriptors",
-    "queue_claimer_leases",
-    "queue_claimer_state",
-)
+BOOKKEEPING = RUNTIME_CLOCK | {"runtime_storage_backends"}
 
 
 class Twin(NamedTuple):
@@ -62,16 +55,7 @@ def snapshot(engine: sa.Engine, schemas: Sequence[str] = ("awa",)) -> dict[str, 
             )
             for table in plane_tables(conn, schemas, BOOKKEEPING)
         }
-        out["sequences"] = [
-            str(tuple(row))
-            for row in conn.execute(
-                sa.text(
-                    "SELECT schemaname || '.' || sequencename, last_value FROM pg_sequences"
-                    " WHERE schemaname = ANY(:schemas) ORDER BY 1"
-                ),
-                {"schemas": list(schemas)},
-            )
-        ]
+        out["sequences"] = [str(tuple(row)) for row in sequences(conn, schemas)]
     return out
 
 

@@ -130,17 +130,30 @@ def snapshot(conn: sa.Connection, schemas: Sequence[str] = ("awa", "awa_qs")) ->
     return out
 
 
+RUNTIME_CLOCK = frozenset(
+    {
+        "runtime_instances",
+        "queue_descriptors",
+        "job_kind_descriptors",
+        "queue_claimer_state",
+        "queue_claimer_leases",
+    }
+)
+"""What the runtimes rewrite on their own clock and that names no job, left out of a plane's
+snapshot: their liveness, their descriptors' ``last_seen_at`` (refreshed every 10 s and at
+shutdown), their claimers' leases and target counts. A change there says nothing about what a
+call or a completion wrote."""
+
+SEQUENCE_VALUES = """
+    SELECT schemaname || '.' || sequencename, last_value
+    FROM pg_sequences WHERE schemaname = ANY(:schemas) ORDER BY 1
+"""
+"""Every sequence of ``:schemas`` as ``(schema.name, last_value)``, in name order."""
+
+
 def sequences(conn: sa.Connection, schemas: Sequence[str]) -> list[Any]:
-    """Every sequence of *schemas* with its last value, in name order."""
-    return list(
-        conn.execute(
-            sa.text(
-                "SELECT schemaname, sequencename, last_value FROM pg_sequences"
-                " WHERE schemaname = ANY(:s) ORDER BY 1, 2"
-            ),
-            {"s": list(schemas)},
-        ).all()
-    )
+    """Every sequence of *schemas* with its last value (:data:`SEQUENCE_VALUES`)."""
+    return list(conn.execute(sa.text(SEQUENCE_VALUES), {"schemas": list(schemas)}).all())
 
 
 def snapshot_of(engine: sa.Engine, schemas: Sequence[str] = ("awa", "awa_qs")) -> dict[str, Any]:

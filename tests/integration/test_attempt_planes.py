@@ -44,7 +44,7 @@ import awa
 import pytest
 import sqlalchemy as sa
 from conftest import _janitor, database_url, run_awa
-from jobs import plane_tables
+from jobs import RUNTIME_CLOCK, plane_tables, sequences
 from runtimes import STILL, hold_leadership, pg_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
@@ -345,23 +345,6 @@ SNOOZE = Snooze(3600)
 COMPLETE = Complete()
 """Long enough that the target runtime never promotes A's successor during a scenario."""
 
-OWN_CLOCK = (
-    "runtime_instances",
-    "queue_descriptors",
-    "job_kind_descriptors",
-    "queue_claimer_state",
-    "queue_claimer_leases",
-)
-"""What the runtimes rewrite on their own clock, left out of a snapshot: their liveness
-snapshot, their descriptors' ``last_seen_at`` (refreshed every 10 s, and at shutdown), and
-their claimers' leases and target counts. None of it names a job: a change there says nothing
-about what a call or a completion wrote."""
-
-SEQUENCES = """
-    SELECT format('%s.%s', schemaname, sequencename), last_value
-    FROM pg_sequences WHERE schemaname IN ('awa', 'awa_qs') ORDER BY 1
-"""
-
 Snapshot = dict[str, list[Any]]
 
 
@@ -369,12 +352,12 @@ def planes(engine: sa.Engine) -> Snapshot:
     """Every row of every table of both planes, and every sequence, as of one snapshot."""
     with engine.connect() as conn:
         conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        tables = plane_tables(conn, ("awa", "awa_qs"), OWN_CLOCK)
+        tables = plane_tables(conn, ("awa", "awa_qs"), RUNTIME_CLOCK)
         out: Snapshot = {
             t: list(conn.execute(sa.text(f"SELECT t::text FROM {t} AS t ORDER BY 1")).scalars())
             for t in tables
         }
-        out["sequences"] = [tuple(r) for r in conn.execute(sa.text(SEQUENCES))]
+        out["sequences"] = [tuple(r) for r in sequences(conn, ("awa", "awa_qs"))]
     return out
 
 
@@ -623,8 +606,8 @@ def test_every_bare_call_for_the_queue_storage_attempt_is_refused_and_writes_not
     assert (hot["id"], hot["run_lease"], hot["state"]) == (1, 1, "running")
     assert hot["args"] == {"who": "canonical A"}
     assert (receipt["job_id"], receipt["run_lease"], receipt["closed_at"]) == (1, 1, None)
-    sequences = dict(settled.start["sequences"])
-    assert (sequences["awa.jobs_id_seq"], sequences["awa_qs.job_id_seq"]) == (1, 1)
+    first = dict(settled.start["sequences"])
+    assert (first["awa.jobs_id_seq"], first["awa_qs.job_id_seq"]) == (1, 1)
     b = settled.b.mine
     assert b is not None
     assert (b.storage, b.job_id, b.run_lease, b.receipt_id) == (

@@ -30,6 +30,7 @@ from jobs import (
     advance_sequence,
     insert_holder,
     insert_job,
+    sequences,
 )
 from recording import recording, step
 from sqlalchemy import event
@@ -127,13 +128,7 @@ def tables(conn: sa.Connection, now: datetime) -> dict[str, Any]:
         rows = conn.execute(sa.text(f"SELECT to_jsonb(t) FROM {name} t")).scalars()
         normal = [_normal_row(name, row, now) for row in rows]
         out[name] = set(normal) if name in MARKS else sorted(normal)
-    out["sequences"] = conn.execute(
-        sa.text(
-            "SELECT schemaname, sequencename, last_value FROM pg_sequences"
-            " WHERE schemaname = ANY(:s) ORDER BY 1, 2"
-        ),
-        {"s": list(SCHEMAS)},
-    ).all()
+    out["sequences"] = sequences(conn, SCHEMAS)
     return out
 
 

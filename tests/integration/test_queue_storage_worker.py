@@ -73,7 +73,7 @@ import awa
 import pytest
 import sqlalchemy as sa
 from conftest import QUIESCED_FLIP, cloned, run_awa
-from jobs import plane_tables
+from jobs import RUNTIME_CLOCK, SEQUENCE_VALUES, plane_tables
 from runtimes import hold_leadership, pg_url, until_idle
 
 import awa_sa
@@ -296,23 +296,6 @@ def settle_in_own_transaction(
 # Capture
 
 
-OWN_CLOCK = frozenset(
-    {
-        "runtime_instances",
-        "queue_descriptors",
-        "job_kind_descriptors",
-        "queue_claimer_state",
-        "queue_claimer_leases",
-    }
-)
-"""What the runtimes rewrite on their own clock and that names no job: liveness snapshots,
-descriptors' ``last_seen_at``, the claimers' leases and target counts."""
-
-SEQUENCES = """
-    SELECT schemaname || '.' || sequencename, last_value
-    FROM pg_sequences WHERE schemaname = ANY(:schemas) ORDER BY 1
-"""
-
 Capture = dict[str, tuple[str, ...]]
 """Per table, its rows as ``to_jsonb`` text, sorted; ``sequences``: ``[name, last_value]``."""
 
@@ -358,12 +341,12 @@ class Capturer:
             try:
                 conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                 binds = {"schemas": self.schemas}
-                tables = tuple(plane_tables(conn, self.schemas, OWN_CLOCK))
+                tables = tuple(plane_tables(conn, self.schemas, RUNTIME_CLOCK))
                 out: Capture = {
                     name: tuple(pool.setdefault(t, t) for t in texts)
                     for name, texts in conn.exec_driver_sql(self._read(conn, tables)).all()
                 }
-                sequences = conn.execute(sa.text(SEQUENCES), binds).all()
+                sequences = conn.execute(sa.text(SEQUENCE_VALUES), binds).all()
             finally:
                 conn.rollback()
         out["sequences"] = tuple(json.dumps([name, value]) for name, value in sequences)

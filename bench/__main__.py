@@ -20,7 +20,8 @@ optional parts run: those build their own). Parts, in order:
 8. only when asked (``--only pooled``): 16 callers through PgBouncer beside 16 direct
    (:mod:`bench.pooled`);
 9. only when asked (``--only enqueue``): one new job against Awa's producer function sent raw,
-   and 10,000 in one transaction against awa-pg's COPY and single calls (:mod:`bench.enqueue`);
+   and 10,000 in one transaction against awa-pg's COPY and single calls (:mod:`bench.enqueue`,
+   :mod:`bench.enqueue_bulk`);
 10. only when asked (``--only administer``): retry and discard 10,000 failed jobs against
    awa-pg's own calls (:mod:`bench.administer`).
 
@@ -52,6 +53,7 @@ from bench import (
     concurrency,
     endings,
     enqueue,
+    enqueue_bulk,
     layers,
     pooled,
     receipts,
@@ -159,8 +161,8 @@ def enqueueing(server: EmbeddedPostgres, a: Any) -> dict[str, Any]:
         "single": _measured(enqueue.build(urls), "", a, enqueue.Numbers()),
         "round_trips": enqueue.round_trips(server.port, urls),
         "size": a.enqueue_size,
-        "bulk": enqueue.bulk(server, urls, a.enqueue_size, a.enqueue_rounds),
-        "far": enqueue.far(server, urls, a.enqueue_size, a.enqueue_rtt_ms),
+        "bulk": enqueue_bulk.bulk(server, urls, a.enqueue_size, a.enqueue_rounds),
+        "far": enqueue_bulk.far(server, urls, a.enqueue_size, a.enqueue_rtt_ms),
     }
 
 

@@ -33,7 +33,8 @@ import sqlalchemy as sa
 
 import awa_sa
 from awa_sa.testing.server import EmbeddedPostgres
-from bench.enqueue import databases, server_statements
+from bench.enqueue import databases
+from bench.enqueue_bulk import server_statements
 from bench.workload import database_url
 
 PLANES = {"canonical": "administer", "queue storage": "administer_qs"}

@@ -1,0 +1,260 @@
+"""Part ``enqueue``, in bulk (issue 36): *size* jobs in one transaction, four ways.
+
+awa-sa's ``enqueue_many`` (Engine form), awa-pg 0.6.9's ``Client.insert_many_copy`` (COPY into
+a staging table, then the producer function once per job), *size* single ``enqueue`` calls
+(Connection form), and the server calling ``insert_job_compat`` for each job with nothing of a
+client around it (:data:`FUNCTION_ALONE`, the floor of both bulk paths). Each way runs once per
+round on a fresh copy of the plane's database (:func:`bulk` says why), the order turning each
+round, and its median is kept, with the statements the server ran for it
+(``pg_stat_statements``, top level, BEGIN, COMMIT and COPY included, the harness's own
+subtracted): awa-pg's counted the same way as ours. :func:`far` times the batch and the single
+calls again with the server further away.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import awa
+import sqlalchemy as sa
+
+import awa_sa
+from awa_sa.testing.server import EmbeddedPostgres
+from bench.proxy import Distant
+from bench.workload import database_url
+
+KIND = "bench"
+
+
+def args_of(n: int, tag: str = "") -> dict[str, Any]:
+    return {"n": n, "round": tag, "to": f"user{n}@example.com"}
+
+
+TARGETS = {"enqueue_many / COPY": ("<=", 1.0), "singles / enqueue_many": (">=", 20.0)}
+"""Issue 36's: ``enqueue_many``'s time over ``insert_many_copy``'s at most, and *size* single
+``enqueue`` calls' over ``enqueue_many``'s at least."""
+
+Way = Callable[[sa.Engine, "awa.Client", list[dict[str, Any]]], None]
+
+
+def bulk(server: EmbeddedPostgres, urls: dict[str, str], size: int, rounds: int) -> dict[str, Any]:
+    """Per plane, each way's median seconds, jobs per second and statements.
+
+    Every timed call gets the same start: a fresh copy of the plane's database, its
+    connections opened and warmed by two jobs, then a checkpoint, all outside the clock. On
+    one growing database each way met tables the ways before it had filled and whatever
+    checkpoint or write-back they had left due, so a way's time depended on its place in the
+    round (COPY's median moved by a third between two quiet runs). The ways' order also turns
+    by one each round.
+    """
+    out: dict[str, Any] = {}
+    for plane, url in urls.items():
+        out[plane] = _measure(server, sa.make_url(url).database or "", size, rounds)
+    return out
+
+
+def _measure(server: EmbeddedPostgres, template: str, size: int, rounds: int) -> dict[str, Any]:
+    names = list(WAYS)
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    statements: dict[str, list[int]] = {name: [] for name in names}
+    for round_ in range(rounds):
+        turn = round_ % len(names)
+        for name in names[turn:] + names[:turn]:
+            took, count = _timed(server, template, WAYS[name], _round(size, f"{name} {round_}"))
+            seconds[name].append(took)
+            statements[name].append(count)
+    return {
+        name: {
+            "seconds": statistics.median(seconds[name]),
+            "jobs_per_s": size / statistics.median(seconds[name]),
+            "statements": statistics.median(statements[name]),
+            "rounds": seconds[name],
+        }
+        for name in names
+    }
+
+
+def far(
+    server: EmbeddedPostgres, urls: dict[str, str], size: int, rtts_ms: list[float]
+) -> dict[str, Any]:
+    """Per plane and added round trip, ``enqueue_many``'s and the single calls' seconds with
+    the Engine's connections through :mod:`bench.proxy` (one round each, fresh copies).
+
+    On loopback a single call's round trip is short beside what the function costs the server
+    per job, which no caller can avoid; a real service's database is further away, and this
+    is what the singles' ratio becomes there.
+    """
+    ways = ("awa-sa enqueue_many", "awa-sa enqueue x N")
+    out: dict[str, Any] = {}
+    for plane, url in urls.items():
+        template = sa.make_url(url).database or ""
+        out[plane] = {}
+        for rtt in rtts_ms:
+            with Distant(server.port, rtt * 500, seconds=3600) as proxy:
+                row: dict[str, float] = {
+                    name: _timed(server, template, WAYS[name], _round(size, name), proxy.port)[0]
+                    for name in ways
+                }
+                row["round trip"] = _round_trip(sa.make_url(url).set(port=proxy.port))
+            out[plane][f"{rtt:g}"] = row
+    return out
+
+
+def _round_trip(url: sa.URL, calls: int = 50) -> float:
+    """The median seconds of one ``SELECT 1`` at *url*: the round trip as the driver sees it,
+    the proxy's own cost included (more than the delay it adds)."""
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    with engine.connect() as conn:
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        times = []
+        for _ in range(calls):
+            start = time.perf_counter()
+            raw.execute("SELECT 1").fetchall()
+            times.append(time.perf_counter() - start)
+    engine.dispose()
+    return statistics.median(times)
+
+
+def _round(size: int, tag: str) -> list[dict[str, Any]]:
+    return [args_of(n, tag) for n in range(size)]
+
+
+def _timed(
+    server: EmbeddedPostgres,
+    template: str,
+    way: Way,
+    args: list[dict[str, Any]],
+    port: int | None = None,
+) -> tuple[float, int]:
+    """*way*'s seconds for *args* on a fresh copy of *template*, and the statements it sent;
+    the Engine's connections through *port* where one is given."""
+    name = f"{template}_timed"
+    root = sa.create_engine(server.url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+    with root.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}" TEMPLATE "{template}" STRATEGY FILE_COPY'))
+        # The server tracks nothing (bench.server_cost); this database's connections are.
+        conn.execute(sa.text(f'ALTER DATABASE "{name}" SET pg_stat_statements.track = top'))
+    url = database_url(server, name)
+    engine = sa.create_engine(sa.make_url(url).set(port=port) if port else url, pool_size=2)
+    admin = sa.create_engine(url, pool_size=1, isolation_level="AUTOCOMMIT")
+    client = awa.Client(sa.make_url(url).set(drivername="postgresql").render_as_string(False))
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
+        way(engine, client, [args_of(-n, "warm") for n in range(1, 3)])
+        with admin.connect() as conn:
+            conn.execute(sa.text("CHECKPOINT"))
+        server_statements(admin, reset=True)
+        start = time.perf_counter()
+        way(engine, client, args)
+        took = time.perf_counter() - start
+        return took, server_statements(admin)
+    finally:
+        client.close()
+        engine.dispose()
+        admin.dispose()
+        with root.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+        root.dispose()
+
+
+def _batch(engine: sa.Engine, client: awa.Client, args: list[dict[str, Any]]) -> None:
+    awa_sa.enqueue_many(engine, [awa_sa.NewJob(a, kind=KIND) for a in args])
+
+
+def _copy(engine: sa.Engine, client: awa.Client, args: list[dict[str, Any]]) -> None:
+    client.insert_many_copy(args, kind=KIND)
+
+
+def _singles(engine: sa.Engine, client: awa.Client, args: list[dict[str, Any]]) -> None:
+    with engine.connect() as conn:
+        for a in args:
+            awa_sa.enqueue(conn, a, kind=KIND)
+        conn.commit()
+
+
+def _function_alone(engine: sa.Engine, client: awa.Client, args: list[dict[str, Any]]) -> None:
+    with engine.begin() as conn:
+        conn.execute(FUNCTION_ALONE, {"kind": KIND, "args": json.dumps(args)}).scalar_one()
+
+
+FUNCTION_ALONE = sa.text(
+    "SELECT count(*) FROM jsonb_array_elements(CAST(:args AS jsonb)) AS given(args)"
+    " CROSS JOIN LATERAL awa.insert_job_compat("
+    "CAST(:kind AS text), 'default', given.args, 'available', 2::smallint, 25::smallint,"
+    " NULL, '{}'::jsonb, ARRAY[]::text[], NULL, NULL, NULL) AS job"
+)
+"""Awa's producer function called once per job by the server alone: no row goes back and no
+client checks or hashes anything, so its time is what any caller of the function pays at
+least: the floor of ``enqueue_many`` and of ``insert_many_copy``, which calls it once per job
+too, and, over *size* single calls, the ceiling of any batch's ratio
+(docs/contract.md#enqueue-bounds)."""
+WAYS: dict[str, Way] = {
+    "awa-sa enqueue_many": _batch,
+    "awa-pg insert_many_copy": _copy,
+    "awa-sa enqueue x N": _singles,
+    "insert_job_compat alone": _function_alone,
+}
+"""The bulk ways, each given the Engine and awa-pg's client on the same fresh database."""
+
+
+def server_statements(admin: sa.Engine, reset: bool = False) -> int:
+    """Top-level statements this database ran since the last reset (after it, with *reset*),
+    but the harness's own (in autocommit, so no BEGIN or COMMIT of its own either)."""
+    with admin.connect() as conn:
+        if reset:
+            conn.execute(sa.text("SELECT pg_stat_statements_reset()"))
+        return int(
+            conn.execute(
+                sa.text(
+                    "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements"
+                    " WHERE dbid = (SELECT oid FROM pg_database"
+                    " WHERE datname = current_database())"
+                    " AND query NOT LIKE '%pg_stat_statements%'"
+                )
+            ).scalar_one()
+        )
+
+
+def bulk_summary(result: dict[str, Any]) -> list[str]:
+    """The bulk ways' lines of the part's report: each ratio the issue names, with its
+    target, and the bounds beside them."""
+    lines: list[str] = []
+    for plane, ways in result["bulk"].items():
+        lines.append(f"enqueue: {result['size']} jobs in one transaction, {plane}")
+        for name, row in ways.items():
+            lines.append(
+                f"  {name:26} {row['seconds'] * 1000:9.1f} ms {row['jobs_per_s']:9.0f} jobs/s"
+                f" {row['statements']:8.0f} statements"
+            )
+        batch = ways["awa-sa enqueue_many"]["seconds"]
+        figures = {
+            "enqueue_many / COPY": batch / ways["awa-pg insert_many_copy"]["seconds"],
+            "singles / enqueue_many": ways["awa-sa enqueue x N"]["seconds"] / batch,
+        }
+        for label, ratio in figures.items():
+            bound, target = TARGETS[label]
+            met = ratio <= target if bound == "<=" else ratio >= target
+            verdict = "met" if met else "MISSED"
+            lines.append(f"  {label:26} {ratio:6.2f}x  target {bound} {target:.1f}x {verdict}")
+        alone = ways["insert_job_compat alone"]["seconds"]
+        copy = ways["awa-pg insert_many_copy"]["seconds"]
+        lines.append(f"  {'function alone / COPY':26} {alone / copy:6.2f}x  (any caller's floor)")
+        singles = ways["awa-sa enqueue x N"]["seconds"]
+        lines.append(
+            f"  {'singles / function alone':26} {singles / alone:6.2f}x  (any batch's ceiling)"
+        )
+        for rtt, far_ways in result["far"][plane].items():
+            ratio = far_ways["awa-sa enqueue x N"] / far_ways["awa-sa enqueue_many"]
+            trip = far_ways["round trip"] * 1000
+            label = f"singles / enqueue_many, proxy +{rtt} ms (round trip {trip:.2f} ms)"
+            lines.append(
+                f"  {label}: {ratio:.2f}x ({far_ways['awa-sa enqueue x N']:.1f} s / "
+                f"{far_ways['awa-sa enqueue_many'] * 1000:.0f} ms)"
+            )
+    return lines

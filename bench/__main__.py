@@ -42,7 +42,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import sqlalchemy as sa
 
 from awa_sa import Attempt, reschedule_canonical_attempt, reschedule_canonical_attempts
@@ -63,7 +62,7 @@ from bench import (
 from bench.measure import Supply, interleave
 from bench.proxy import Distant
 from bench.report import report
-from bench.workload import KIND, Jobs, awa_cli, create_database, database_url
+from bench.workload import KIND, Jobs, awa_cli, create_database, database_url, round_trip
 
 BATCH_SIZES = (1, 10, 100, 1000)
 PARTS = (
@@ -200,16 +199,9 @@ def at_distance(port: int, dbname: str, url: str, a: Any) -> dict[str, Any]:
 
 def _added_rtt(port: int, far: int, dbname: str, password: str | None) -> float:
     """What the proxy really adds to one round trip (sleeps overshoot): median, in µs."""
-    medians = []
-    for p in (port, far):
-        with psycopg.connect(f"postgresql://postgres:{password}@127.0.0.1:{p}/{dbname}") as conn:
-            times = []
-            for _ in range(200):
-                start = time.perf_counter_ns()
-                conn.execute("SELECT 1", prepare=True).fetchall()
-                times.append((time.perf_counter_ns() - start) / 1000)
-            medians.append(statistics.median(times))
-    return medians[1] - medians[0]
+    url = f"postgresql://postgres:{password}@127.0.0.1:{{}}/{dbname}"
+    near = round_trip(url.format(port), 200)
+    return (round_trip(url.format(far), 200) - near) * 1e6
 
 
 def routing(canon: sa.Engine, qs: sa.Engine, a: Any) -> dict[str, float]:

@@ -34,8 +34,7 @@ import sqlalchemy as sa
 import awa_sa
 from awa_sa.testing.server import EmbeddedPostgres
 from bench.enqueue import databases
-from bench.enqueue_bulk import server_statements
-from bench.workload import database_url
+from bench.workload import fresh_copy, server_statements
 
 PLANES = {"canonical": "administer", "queue storage": "administer_qs"}
 """Each plane's template database, with the failed jobs."""
@@ -65,20 +64,15 @@ def run(server: EmbeddedPostgres, cluster: str, size: int, rounds: int) -> dict[
     for plane, url in urls.items():
         asyncio.run(_fail(url, size, plane))
         _template(url)
-    admin = sa.create_engine(server.url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
     seen: dict[str, dict[str, dict[str, list[tuple[float, int, int]]]]] = {
         plane: {verb: {side: [] for side in SIDES} for verb in VERBS} for plane in PLANES
     }
-    try:
-        for round_ in range(rounds):
-            sides = SIDES if round_ % 2 == 0 else SIDES[::-1]
-            for plane, source in PLANES.items():
-                for verb in VERBS:
-                    for side in sides:
-                        got = _timed(admin, server, source, verb, side)
-                        seen[plane][verb][side].append(got)
-    finally:
-        admin.dispose()
+    for round_ in range(rounds):
+        sides = SIDES if round_ % 2 == 0 else SIDES[::-1]
+        for plane, source in PLANES.items():
+            for verb in VERBS:
+                for side in sides:
+                    seen[plane][verb][side].append(_timed(server, source, verb, side))
     return {
         "size": size,
         "rounds": rounds,
@@ -137,46 +131,28 @@ async def _fail(url: str, size: int, plane: str) -> None:
 
 
 def _template(url: str) -> None:
-    """Statistics as a live database has them, and pg_stat_statements for every copy."""
+    """Statistics as a live database has them, for every copy."""
     engine = sa.create_engine(url, poolclass=sa.NullPool, isolation_level="AUTOCOMMIT")
     with engine.connect() as conn:
-        conn.execute(sa.text("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
         conn.execute(sa.text("ANALYZE"))
     engine.dispose()
 
 
-def _timed(
-    admin: sa.Engine, server: EmbeddedPostgres, source: str, verb: str, side: str
-) -> tuple[float, int, int]:
+def _timed(server: EmbeddedPostgres, source: str, verb: str, side: str) -> tuple[float, int, int]:
     """One call of *verb* by *side* on a fresh copy of *source*: seconds, statements, jobs."""
-    name = f"{source}_copy"
-    with admin.connect() as conn:
-        # Nothing may be connected to a template while it is copied.
-        conn.execute(
-            sa.text(
-                "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity"
-                " WHERE datname = :name AND pid <> pg_backend_pid()"
-            ),
-            {"name": source},
-        )
-        conn.execute(sa.text(f'CREATE DATABASE "{name}" TEMPLATE "{source}"'))
-        # A copy takes no per-database setting: every connection to it tracked from here on.
-        conn.execute(sa.text(f'ALTER DATABASE "{name}" SET pg_stat_statements.track = top'))
-    url = database_url(server, name)
-    counter = sa.create_engine(url, pool_size=1, isolation_level="AUTOCOMMIT")
-    call, close = _side(verb, side, url)
-    try:
-        assert call(WARM_KIND) == WARM
-        server_statements(counter, reset=True)
-        start = time.perf_counter()
-        jobs = call(KIND)
-        took = time.perf_counter() - start
-        return took, server_statements(counter), jobs
-    finally:
-        close()
-        counter.dispose()
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+    with fresh_copy(server, source) as url:
+        counter = sa.create_engine(url, pool_size=1, isolation_level="AUTOCOMMIT")
+        call, close = _side(verb, side, url)
+        try:
+            assert call(WARM_KIND) == WARM
+            server_statements(counter, reset=True)
+            start = time.perf_counter()
+            jobs = call(KIND)
+            took = time.perf_counter() - start
+            return took, server_statements(counter), jobs
+        finally:
+            close()
+            counter.dispose()
 
 
 def _side(verb: str, side: str, url: str) -> tuple[Call, Callable[[], None]]:

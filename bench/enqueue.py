@@ -60,7 +60,7 @@ def databases(
     server: EmbeddedPostgres, cluster: str, planes: dict[str, str] = PLANES
 ) -> dict[str, str]:
     """Each plane's database on *server* (``awa migrate`` for *cluster* ``awa``), named as
-    *planes* names it: its URL."""
+    *planes* names it, with ``pg_stat_statements`` for every copy the bulk ways time: its URL."""
     canonical, qs = planes["canonical"], planes["queue storage"]
     create_database(server, canonical, cluster, "canonical")
     if cluster == "awa":
@@ -73,7 +73,13 @@ def databases(
         _flip_to_active(server, qs)
     else:
         create_database(server, qs, "fixture", "active")
-    return {plane: database_url(server, name) for plane, name in planes.items()}
+    urls = {plane: database_url(server, name) for plane, name in planes.items()}
+    for url in urls.values():
+        engine = sa.create_engine(url, poolclass=sa.NullPool, isolation_level="AUTOCOMMIT")
+        with engine.connect() as conn:
+            conn.execute(sa.text("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
+        engine.dispose()
+    return urls
 
 
 def _flip_to_active(server: EmbeddedPostgres, name: str) -> None:

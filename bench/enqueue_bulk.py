@@ -25,7 +25,7 @@ import sqlalchemy as sa
 import awa_sa
 from awa_sa.testing.server import EmbeddedPostgres
 from bench.proxy import Distant
-from bench.workload import database_url
+from bench.workload import fresh_copy, round_trip, server_statements
 
 KIND = "bench"
 
@@ -103,25 +103,10 @@ def far(
                         _timed(server, template, way, args, proxy.port)[0] for _ in range(rounds)
                     ]
                     row[name] = statistics.median(took)
-                row["round trip"] = _round_trip(sa.make_url(url).set(port=proxy.port))
+                distant = sa.make_url(url).set(drivername="postgresql", port=proxy.port)
+                row["round trip"] = round_trip(distant.render_as_string(False), 50)
             out[plane][f"{rtt:g}"] = row
     return out
-
-
-def _round_trip(url: sa.URL, calls: int = 50) -> float:
-    """The median seconds of one ``SELECT 1`` at *url*: the round trip as the driver sees it,
-    the proxy's own cost included (more than the delay it adds)."""
-    engine = sa.create_engine(url, poolclass=sa.NullPool)
-    with engine.connect() as conn:
-        raw = conn.connection.driver_connection
-        assert raw is not None
-        times = []
-        for _ in range(calls):
-            start = time.perf_counter()
-            raw.execute("SELECT 1").fetchall()
-            times.append(time.perf_counter() - start)
-    engine.dispose()
-    return statistics.median(times)
 
 
 def _round(size: int, tag: str) -> list[dict[str, Any]]:
@@ -137,34 +122,23 @@ def _timed(
 ) -> tuple[float, int]:
     """*way*'s seconds for *args* on a fresh copy of *template*, and the statements it sent;
     the Engine's connections through *port* where one is given."""
-    name = f"{template}_timed"
-    root = sa.create_engine(server.url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
-    with root.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}" TEMPLATE "{template}" STRATEGY FILE_COPY'))
-        # The server tracks nothing (bench.server_cost); this database's connections are.
-        conn.execute(sa.text(f'ALTER DATABASE "{name}" SET pg_stat_statements.track = top'))
-    url = database_url(server, name)
-    engine = sa.create_engine(sa.make_url(url).set(port=port) if port else url, pool_size=2)
-    admin = sa.create_engine(url, pool_size=1, isolation_level="AUTOCOMMIT")
-    client = awa.Client(sa.make_url(url).set(drivername="postgresql").render_as_string(False))
-    try:
-        with admin.connect() as conn:
-            conn.execute(sa.text("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
-        way(engine, client, [args_of(-n, "warm") for n in range(1, 3)])
-        with admin.connect() as conn:
-            conn.execute(sa.text("CHECKPOINT"))
-        server_statements(admin, reset=True)
-        start = time.perf_counter()
-        way(engine, client, args)
-        took = time.perf_counter() - start
-        return took, server_statements(admin)
-    finally:
-        client.close()
-        engine.dispose()
-        admin.dispose()
-        with root.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-        root.dispose()
+    with fresh_copy(server, template, file_copy=True) as url:
+        engine = sa.create_engine(sa.make_url(url).set(port=port) if port else url, pool_size=2)
+        admin = sa.create_engine(url, pool_size=1, isolation_level="AUTOCOMMIT")
+        client = awa.Client(sa.make_url(url).set(drivername="postgresql").render_as_string(False))
+        try:
+            way(engine, client, [args_of(-n, "warm") for n in range(1, 3)])
+            with admin.connect() as conn:
+                conn.execute(sa.text("CHECKPOINT"))
+            server_statements(admin, reset=True)
+            start = time.perf_counter()
+            way(engine, client, args)
+            took = time.perf_counter() - start
+            return took, server_statements(admin)
+        finally:
+            client.close()
+            engine.dispose()
+            admin.dispose()
 
 
 def _batch(engine: sa.Engine, client: awa.Client, args: list[dict[str, Any]]) -> None:
@@ -205,24 +179,6 @@ WAYS: dict[str, Way] = {
     "insert_job_compat alone": _function_alone,
 }
 """The bulk ways, each given the Engine and awa-pg's client on the same fresh database."""
-
-
-def server_statements(admin: sa.Engine, reset: bool = False) -> int:
-    """Top-level statements this database ran since the last reset (after it, with *reset*),
-    but the harness's own (in autocommit, so no BEGIN or COMMIT of its own either)."""
-    with admin.connect() as conn:
-        if reset:
-            conn.execute(sa.text("SELECT pg_stat_statements_reset()"))
-        return int(
-            conn.execute(
-                sa.text(
-                    "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements"
-                    " WHERE dbid = (SELECT oid FROM pg_database"
-                    " WHERE datname = current_database())"
-                    " AND query NOT LIKE '%pg_stat_statements%'"
-                )
-            ).scalar_one()
-        )
 
 
 def bulk_summary(result: dict[str, Any]) -> list[str]:

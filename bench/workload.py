@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 
@@ -36,6 +40,68 @@ def awa_cli() -> str | None:
 
 def database_url(server: EmbeddedPostgres, name: str, driver: str = "psycopg") -> str:
     return server.database_url(name, f"postgresql+{driver}")
+
+
+def round_trip(url: str, calls: int) -> float:
+    """The median seconds of one prepared ``SELECT 1`` on psycopg at *url* (a libpq URL): a
+    round trip as the driver sees it, a proxy's own cost included."""
+    with psycopg.connect(url) as conn:
+        times = []
+        for _ in range(calls):
+            start = time.perf_counter()
+            conn.execute("SELECT 1", prepare=True).fetchall()
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+@contextmanager
+def fresh_copy(server: EmbeddedPostgres, source: str, *, file_copy: bool = False) -> Iterator[str]:
+    """A copy of database *source* for one timed call, every connection to it tracked by
+    ``pg_stat_statements`` (:func:`server_statements`), dropped afterwards: its URL.
+
+    *file_copy* copies the files (``STRATEGY FILE_COPY``, with its checkpoint) instead of
+    logging every page.
+    """
+    name = f"{source}_copy"
+    admin = sa.create_engine(server.url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+    with admin.connect() as conn:
+        # Nothing may be connected to a template while it is copied.
+        conn.execute(
+            sa.text(
+                "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity"
+                " WHERE datname = :name AND pid <> pg_backend_pid()"
+            ),
+            {"name": source},
+        )
+        strategy = " STRATEGY FILE_COPY" if file_copy else ""
+        conn.execute(sa.text(f'CREATE DATABASE "{name}" TEMPLATE "{source}"{strategy}'))
+        # The server tracks nothing (bench.server_cost), and a copy takes no per-database
+        # setting: every connection to it tracked from here on.
+        conn.execute(sa.text(f'ALTER DATABASE "{name}" SET pg_stat_statements.track = top'))
+    try:
+        yield database_url(server, name)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def server_statements(admin: sa.Engine, reset: bool = False) -> int:
+    """Top-level statements this database ran since the last reset (after it, with *reset*),
+    but the harness's own (in autocommit, so no BEGIN or COMMIT of its own either)."""
+    with admin.connect() as conn:
+        if reset:
+            conn.execute(sa.text("SELECT pg_stat_statements_reset()"))
+        return int(
+            conn.execute(
+                sa.text(
+                    "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements"
+                    " WHERE dbid = (SELECT oid FROM pg_database"
+                    " WHERE datname = current_database())"
+                    " AND query NOT LIKE '%pg_stat_statements%'"
+                )
+            ).scalar_one()
+        )
 
 
 def create_database(server: EmbeddedPostgres, name: str, build: str, phase: str) -> None:

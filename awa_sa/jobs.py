@@ -64,7 +64,10 @@ class EnqueuedJob:
     """The new job's row as Awa's producer function answered it.
 
     ``state`` is ``available`` or ``scheduled``; ``attempt`` is 0. ``args`` and ``metadata``
-    are read back from the stored JSON; ``unique_key`` is the 16-byte key, or None.
+    are read back from the stored JSON; ``unique_key`` is the 16-byte key, or None. ``tags``
+    is a tuple, as the row is frozen: a list per row would also be one more object per job
+    for the garbage collector to walk, and in a batch of thousands its full collections cost
+    more than the rest of building the rows (docs/performance.md#enqueue).
     """
 
     id: int
@@ -78,7 +81,7 @@ class EnqueuedJob:
     created_at: datetime
     args: Any
     metadata: dict[str, Any]
-    tags: list[str]
+    tags: tuple[str, ...]
     unique_key: bytes | None
 
 
@@ -336,7 +339,7 @@ def enqueued(jobs: Sequence[Prepared], rows: Sequence[Any]) -> list[EnqueuedJob]
                 created_at,
                 payload,
                 {} if metadata == "{}" else json.loads(metadata),
-                list(values.tag_list),
+                values.tag_list,
                 None if key is None else bytes.fromhex(key),
             )
         )

@@ -16,10 +16,11 @@ docs/enqueue.md#duplicates.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import suppress
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, Unpack, overload
 
 from sqlalchemy import Connection, Engine
 
@@ -32,7 +33,17 @@ from awa_sa.errors import (
     ValidationError,
 )
 from awa_sa.forms import check_bind
-from awa_sa.jobs import Duplicate, EnqueuedJob, NewJob, Prepared, batch_of, enqueued, prepare
+from awa_sa.jobs import (
+    Duplicate,
+    EnqueuedJob,
+    NewJob,
+    Options,
+    Prepared,
+    batch_of,
+    enqueued,
+    prepare,
+    shared_batch,
+)
 from awa_sa.statements.enqueue import INSERT_JOBS, UNIQUE_HOLDER, Batch
 from awa_sa.translation import translated, translated_error
 from awa_sa.unique import Unique
@@ -89,28 +100,35 @@ def enqueue(
 @overload
 def enqueue_many(
     bind: Engine | Connection | Session,
-    jobs: Iterable[NewJob],
+    jobs: Iterable[Any],
     *,
     on_duplicate: Literal["raise"] = ...,
+    **options: Unpack[Options],
 ) -> list[EnqueuedJob]: ...
 
 
 @overload
 def enqueue_many(
     bind: Engine | Connection | Session,
-    jobs: Iterable[NewJob],
+    jobs: Iterable[Any],
     *,
     on_duplicate: Literal["skip"],
+    **options: Unpack[Options],
 ) -> list[EnqueuedJob | Duplicate]: ...
 
 
 def enqueue_many(
     bind: Engine | Connection | Session,
-    jobs: Iterable[NewJob],
+    jobs: Iterable[Any],
     *,
     on_duplicate: OnDuplicate = "raise",
+    **options: Unpack[Options],
 ) -> list[EnqueuedJob] | list[EnqueuedJob | Duplicate]:
     """Enqueue many jobs in one statement; their rows in input order.
+
+    Each item of *jobs* is a :class:`~awa_sa.jobs.NewJob`, or the args of a job that takes
+    *options*: ``enqueue``'s keywords with its defaults, as awa-pg's ``insert_many_copy`` takes
+    them for its list of args (a ``NewJob`` carries its own, and refuses the batch's).
 
     Every job is checked before any statement (a refusal names its index). With
     ``on_duplicate="raise"`` a duplicate anywhere writes none of the batch and raises
@@ -120,20 +138,45 @@ def enqueue_many(
     returns ``[]`` without touching the database.
     """
     check_bind(bind)
-    prepared = prepare_batch(jobs, on_duplicate)
+    prepared = prepare_batch(jobs, on_duplicate, options)
     return within(bind, prepared, on_duplicate) if prepared.jobs else []
 
 
-def prepare_batch(jobs: object, on_duplicate: object) -> Batch:
-    """Every job of a batch checked, or the first one's reason to refuse."""
+def prepare_batch(jobs: object, on_duplicate: object, options: Mapping[str, Any]) -> Batch:
+    """Every job of a batch checked, or the first one's reason to refuse.
+
+    Args under the batch's options go as one ``shared`` batch where they can
+    (:func:`~awa_sa.jobs.shared_batch`), else each as its own job.
+    """
     if on_duplicate not in ("raise", "skip"):
         raise ValidationError(f"on_duplicate must be 'raise' or 'skip', got {on_duplicate!r}")
+    unknown = sorted(set(options) - set(Options.__annotations__))
+    if unknown:
+        raise TypeError(
+            f"enqueue_many() got unexpected keyword arguments {unknown} (per-job options go "
+            "in a NewJob)"
+        )
     if isinstance(jobs, str | bytes | Mapping) or not isinstance(jobs, Iterable):
-        raise ValidationError(f"jobs must be an iterable of NewJob, got {type(jobs).__name__}")
+        raise ValidationError(
+            f"jobs must be an iterable of NewJob or args, got {type(jobs).__name__}"
+        )
+    items = jobs if isinstance(jobs, list) else list(jobs)
+    shared = NewJob(None, **options)
+    if len(items) > 1 and not isinstance(items[0], NewJob):
+        batch = shared_batch(items, shared)
+        if batch is not None:
+            return batch
     out = []
-    for index, job in enumerate(jobs):
+    for index, item in enumerate(items):
         try:
-            out.append(prepare(job))
+            if not isinstance(item, NewJob):
+                out.append(prepare(dataclasses.replace(shared, args=item)))
+                continue
+            if options:
+                raise ValidationError(
+                    "a NewJob carries its own options; the batch's keywords are for args alone"
+                )
+            out.append(prepare(item))
         except ValidationError as exc:
             raise ValidationError(f"jobs[{index}]: {exc}") from exc
     return batch_of(out) if out else Batch(out, None)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Literal, overload
+from typing import Any, Literal, Unpack, overload
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
@@ -21,7 +21,7 @@ from awa_sa.enqueueing import OnDuplicate, prepare_batch
 from awa_sa.errors import ValidationError
 from awa_sa.forms import session_dialect
 from awa_sa.internals import run_in_greenlet
-from awa_sa.jobs import Duplicate, EnqueuedJob, NewJob, batch_of, prepare
+from awa_sa.jobs import Duplicate, EnqueuedJob, NewJob, Options, batch_of, prepare
 from awa_sa.statements.enqueue import Batch
 from awa_sa.translation import translated_error
 from awa_sa.unique import Unique
@@ -64,22 +64,34 @@ async def enqueue(
 
 @overload
 async def enqueue_many(
-    bind: AsyncBind, jobs: Iterable[NewJob], *, on_duplicate: Literal["raise"] = ...
+    bind: AsyncBind,
+    jobs: Iterable[Any],
+    *,
+    on_duplicate: Literal["raise"] = ...,
+    **options: Unpack[Options],
 ) -> list[EnqueuedJob]: ...
 
 
 @overload
 async def enqueue_many(
-    bind: AsyncBind, jobs: Iterable[NewJob], *, on_duplicate: Literal["skip"]
+    bind: AsyncBind,
+    jobs: Iterable[Any],
+    *,
+    on_duplicate: Literal["skip"],
+    **options: Unpack[Options],
 ) -> list[EnqueuedJob | Duplicate]: ...
 
 
 async def enqueue_many(
-    bind: AsyncBind, jobs: Iterable[NewJob], *, on_duplicate: OnDuplicate = "raise"
+    bind: AsyncBind,
+    jobs: Iterable[Any],
+    *,
+    on_duplicate: OnDuplicate = "raise",
+    **options: Unpack[Options],
 ) -> list[EnqueuedJob] | list[EnqueuedJob | Duplicate]:
     """Async :func:`awa_sa.enqueue_many`; same arguments, rows and errors."""
     _check_bind(bind)
-    prepared = prepare_batch(jobs, on_duplicate)
+    prepared = prepare_batch(jobs, on_duplicate, options)
     return await _within(bind, prepared, on_duplicate) if prepared.jobs else []
 
 

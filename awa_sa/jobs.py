@@ -15,10 +15,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from datetime import datetime
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypedDict
 
 from awa_sa.errors import ValidationError
-from awa_sa.statements.enqueue import Batch, JobValues, batch_text, element, tags_literal
+from awa_sa.statements.enqueue import (
+    Batch,
+    JobValues,
+    args_array,
+    batch_text,
+    element,
+    tags_literal,
+)
 from awa_sa.unique import (
     Unique,
     plain,
@@ -57,6 +64,21 @@ class NewJob:
     run_at: datetime | str | None = None
     unique_opts: Mapping[str, Any] | Unique | None = None
     ordering_key: bytes | str | None = None
+
+
+class Options(TypedDict, total=False):
+    """:class:`NewJob`'s keywords, which ``enqueue_many`` takes for the args of its batch (with
+    :class:`NewJob`'s defaults, awa-pg's)."""
+
+    kind: str | None
+    queue: str
+    priority: int
+    max_attempts: int
+    tags: Sequence[str] | None
+    metadata: Mapping[str, Any] | None
+    run_at: datetime | str | None
+    unique_opts: Mapping[str, Any] | Unique | None
+    ordering_key: bytes | str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,14 +232,53 @@ def batch_of(jobs: list[Prepared]) -> Batch:
     elements = [job.element for job in jobs]
     text = batch_text(elements)
     if stored_as_written(text):
-        return Batch(jobs, text)
+        return Batch(jobs, text, "objects")
     out = []
     for index, job in enumerate(jobs):
         try:
             out.append(job if job.args_text is not None else _as_text(job))
         except ValidationError as exc:
             raise ValidationError(f"jobs[{index}]: {exc}") from exc
-    return Batch(out, batch_text([element(job) for job in out]))
+    return Batch(out, batch_text([element(job) for job in out]), "objects")
+
+
+def shared_batch(items: Sequence[object], options: NewJob) -> Batch | None:
+    """*items*, each the args of a job with *options*' keywords, as one ``shared`` batch, or
+    None where they need a batch of objects: a unique key (one per job), args the C encoder
+    does not write as awa-sa does, kinds that differ, a ``NewJob`` among them.
+
+    *options* are checked once, each item's args as :func:`prepare` checks them.
+    """
+    template = prepare(dataclasses.replace(options, args={}))
+    if options.unique_opts is not None:
+        return None
+    kind = options.kind
+    payloads = []
+    payload: object
+    for index, item in enumerate(items):
+        if type(item) is dict:
+            payload, class_name = item, "dict"
+        elif isinstance(item, NewJob):
+            return None
+        else:
+            try:
+                payload, class_name = _args(item)
+            except ValidationError as exc:
+                raise ValidationError(f"jobs[{index}]: {exc}") from exc
+        if options.kind is None and derive_kind(class_name) != kind:
+            if kind is not None:
+                return None
+            kind = derive_kind(class_name)
+        if not plain(payload):
+            return None
+        payloads.append(payload)
+    assert kind is not None  # at least one item
+    text = args_array(payloads)
+    if not stored_as_written(text):
+        return None
+    _name("kind", kind)
+    values = template._replace(kind=kind, args=None, element={})
+    return Batch([values] * len(payloads), text, "shared")
 
 
 def _as_text(job: Prepared) -> Prepared:

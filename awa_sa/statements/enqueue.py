@@ -12,6 +12,10 @@ with one object per job (:func:`element`), and calls the function once per objec
 LATERAL join ordered by a position each object carries, so a batch of any size is one
 statement and its rows come back in input order. One JSON text costs the client one pass of
 the stdlib's C encoder where twelve arrays cost the driver a Python loop over every value.
+A batch whose jobs differ only in their args (awa-pg's ``insert_many_copy`` call: a list of
+args under one set of keywords) binds the one job's scalars and, as its args, the JSON array
+of every job's args, read by ``jsonb_array_elements``: per job, the client makes no object
+and the server parses no name or default.
 
 The server reads the objects with ``jsonb_to_recordset`` into typed columns, each value through
 its type's input function once, rather than with twelve ``->>`` and casts per job (backend
@@ -32,7 +36,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from sqlalchemy import (
     BigInteger,
@@ -86,11 +90,20 @@ class JobValues(NamedTuple):
     element: dict[str, Any]
 
 
+Shape = Literal["one", "objects", "shared"]
+"""How jobs are bound: ``one`` job's scalars; a JSON array of ``objects``, one per job; or the
+scalars ``shared`` by jobs that differ only in their args, and the JSON array of those."""
+
+
 class Batch(NamedTuple):
-    """Checked jobs, and for more than one the JSON array a batch binds (written once)."""
+    """Checked jobs, and for more than one the JSON array a batch binds (written once).
+
+    A ``shared`` batch's jobs are one job's values, repeated, and its text their args.
+    """
 
     jobs: Sequence[JobValues]
     text: str | None
+    shape: Shape = "one"
 
 
 _FIELDS = tuple(
@@ -145,25 +158,43 @@ def element(job: JobValues) -> dict[str, Any]:
     return out
 
 
-def _given(batch: bool) -> tuple[Any, list[ColumnElement[Any]]]:
-    """The bound jobs as rows, and the function's arguments from them."""
-    if not batch:
-        row = bound_row(_FIELDS).subquery("given")
-        c = row.c
-        return row, [
-            c.kind,
-            c.queue,
-            cast(c.args, JSONB),
-            cast(c.state, job_state),
-            c.priority,
-            c.max_attempts,
-            cast(c.run_at, Timestamp),
-            cast(c.metadata, JSONB),
-            cast(c.tags, ARRAY(Text)),
-            _hex(c.unique_key),
-            cast(c.unique_states, BIT(8)),
-            _hex(c.ordering_key),
-        ]
+def _given(shape: Shape) -> tuple[Any, list[ColumnElement[Any]], ColumnElement[Any] | None]:
+    """The bound jobs as rows, the function's arguments from them, and their order (None for
+    one job)."""
+    if shape == "objects":
+        return _objects()
+    row = bound_row(_FIELDS).subquery("given")
+    if shape == "one":
+        return row, _scalars(row.c, cast(row.c.args, JSONB)), None
+    each = (
+        func.jsonb_array_elements(cast(row.c.args, JSONB))
+        .table_valued(column("args", JSONB), with_ordinality=_POSITION)
+        .render_derived(name="each")
+    )
+    rows = row.join(each, literal_column("true"))
+    return rows, _scalars(row.c, each.c.args), each.c[_POSITION]
+
+
+def _scalars(c: Any, args: ColumnElement[Any]) -> list[ColumnElement[Any]]:
+    """The function's arguments from one job's bound scalars, and *args*."""
+    return [
+        c.kind,
+        c.queue,
+        args,
+        cast(c.state, job_state),
+        c.priority,
+        c.max_attempts,
+        cast(c.run_at, Timestamp),
+        cast(c.metadata, JSONB),
+        cast(c.tags, ARRAY(Text)),
+        _hex(c.unique_key),
+        cast(c.unique_states, BIT(8)),
+        _hex(c.ordering_key),
+    ]
+
+
+def _objects() -> tuple[Any, list[ColumnElement[Any]], ColumnElement[Any]]:
+    """A batch of objects as rows, the function's arguments from them, and their order."""
     rows = (
         func.jsonb_to_recordset(cast(bindparam(_BATCH, type_=Text), JSONB))
         .table_valued(*_ELEMENT)
@@ -171,20 +202,24 @@ def _given(batch: bool) -> tuple[Any, list[ColumnElement[Any]]]:
     )
     c = rows.c
     args = func.coalesce(cast(c.args_text, JSONB), c.args, type_=JSONB)
-    return rows, [
-        c.kind,
-        c.queue,
-        args,
-        c.state,
-        c.priority,
-        c.max_attempts,
-        c.run_at,
-        cast(c.metadata, JSONB),
-        c.tags,
-        c.unique_key,
-        c.unique_states,
-        c.ordering_key,
-    ]
+    return (
+        rows,
+        [
+            c.kind,
+            c.queue,
+            args,
+            c.state,
+            c.priority,
+            c.max_attempts,
+            c.run_at,
+            cast(c.metadata, JSONB),
+            c.tags,
+            c.unique_key,
+            c.unique_states,
+            c.ordering_key,
+        ],
+        c[_POSITION],
+    )
 
 
 def _hex(value: ColumnElement[Any]) -> ColumnElement[Any]:
@@ -192,9 +227,9 @@ def _hex(value: ColumnElement[Any]) -> ColumnElement[Any]:
 
 
 @statement
-def insert_jobs(*, batch: bool) -> Select[Any]:
+def insert_jobs(*, shape: Shape) -> Select[Any]:
     """``awa.insert_job_compat`` once per bound job, its rows in input order."""
-    given, arguments = _given(batch)
+    given, arguments, position = _given(shape)
     job = (
         func.awa.insert_job_compat(*arguments)
         .table_valued(
@@ -213,7 +248,7 @@ def insert_jobs(*, batch: bool) -> Select[Any]:
         cast(job.c.args, Text).label("args"),
         cast(job.c.metadata, Text).label("metadata"),
     ).select_from(given.join(job, literal_column("true")))
-    return query.order_by(given.c[_POSITION]) if batch else query
+    return query if position is None else query.order_by(position)
 
 
 _ENCODE = json.JSONEncoder(ensure_ascii=False, check_circular=False, separators=(",", ":")).encode
@@ -226,17 +261,25 @@ def batch_text(elements: list[dict[str, Any]]) -> str:
     return _ENCODE(elements)
 
 
+def args_array(payloads: list[Any]) -> str:
+    """The JSON array a ``shared`` batch binds as its args: each job's, in order."""
+    return _ENCODE(payloads)
+
+
 def _binds(batch: Batch) -> Mapping[str, Any]:
-    if batch.text is None:
-        (job,) = batch.jobs
-        values = dict(zip([bind for bind, _, _ in _FIELDS], job, strict=False))
+    if batch.shape == "objects":
+        return {_BATCH: batch.text}
+    job = batch.jobs[0]
+    values = dict(zip([bind for bind, _, _ in _FIELDS], job, strict=False))
+    if batch.shape == "shared":
+        values["b_args"] = batch.text
+    else:
         values["b_args"] = _ENCODE(job.args) if job.args_text is None else job.args_text
-        return values
-    return {_BATCH: batch.text}
+    return values
 
 
 INSERT_JOBS: Query[Batch, Rows] = Query(
-    shape=lambda batch: insert_jobs(batch=batch.text is not None),
+    shape=lambda batch: insert_jobs(shape=batch.shape),
     binds=_binds,
     read=lambda rows: rows,
     by_position=True,

@@ -20,10 +20,14 @@ from sqlalchemy.orm import Session
 
 import awa_sa
 import awa_sa.asyncio
+from awa_sa.jobs import Options
 from awa_sa.testing.databases import Databases
 from awa_sa.testing.server import EmbeddedPostgres
 
 NEW_JOBS = [awa_sa.NewJob(args, **options) for args, options in JOBS]
+ARGS = [{"n": n, "to": f"u{n}@example.com"} for n in range(3)]
+SHARED: Options = {"kind": "bulk", "priority": 3, "tags": ["t"], "metadata": {"m": 1}}
+"""A list of args under one set of keywords: the batch shape that binds its values once."""
 SYNC = [
     ("psycopg", "engine"),
     ("psycopg", "session"),
@@ -49,6 +53,7 @@ def in_phase(
 def _baseline(engine: sa.Engine) -> dict[str, list[str]]:
     """psycopg 3's Engine form: the batch, then a duplicate refused; the rows it left."""
     awa_sa.enqueue_many(engine, NEW_JOBS)
+    awa_sa.enqueue_many(engine, ARGS, **SHARED)
     args, options = JOBS[8]  # a unique job of the batch
     with pytest.raises(awa_sa.DuplicateJob):
         awa_sa.enqueue(engine, args, **options)
@@ -113,17 +118,20 @@ def test_sync_forms_and_drivers(twin: Twin, driver: str, form: str) -> None:
     try:
         if form == "engine":
             rows = awa_sa.enqueue_many(engine, NEW_JOBS)
+            shared = awa_sa.enqueue_many(engine, ARGS, **SHARED)
             with pytest.raises(awa_sa.DuplicateJob) as raised:
                 awa_sa.enqueue(engine, args, **options)
         elif form == "session":
             with Session(engine) as session:
                 rows = awa_sa.enqueue_many(session, NEW_JOBS)
+                shared = awa_sa.enqueue_many(session, ARGS, **SHARED)
                 with pytest.raises(awa_sa.DuplicateJob) as raised:
                     awa_sa.enqueue(session, args, **options)
                 session.commit()
         else:
             with engine.connect() as conn:
                 rows = awa_sa.enqueue_many(conn, NEW_JOBS)
+                shared = awa_sa.enqueue_many(conn, ARGS, **SHARED)
                 with pytest.raises(awa_sa.DuplicateJob) as raised:
                     awa_sa.enqueue(conn, args, **options)
                 conn.commit()
@@ -131,6 +139,7 @@ def test_sync_forms_and_drivers(twin: Twin, driver: str, form: str) -> None:
         engine.dispose()
     assert raised.value.existing_id == rows[8].id
     assert [r.args for r in rows] == [args for args, _ in JOBS]
+    assert [(r.args, r.tags) for r in shared] == [(a, ("t",)) for a in ARGS]
     assert snapshot(twin.engine) == twin.expected
 
 
@@ -138,29 +147,35 @@ def test_sync_forms_and_drivers(twin: Twin, driver: str, form: str) -> None:
 def test_async_forms_and_drivers(twin: Twin, driver: str, form: str) -> None:
     args, options = JOBS[8]
 
-    async def enqueue() -> tuple[list[awa_sa.EnqueuedJob], awa_sa.DuplicateJob]:
+    async def enqueue() -> tuple[
+        list[awa_sa.EnqueuedJob], list[awa_sa.EnqueuedJob], awa_sa.DuplicateJob
+    ]:
         engine = create_async_engine(_url(twin, driver), poolclass=sa.NullPool)
         try:
             if form == "engine":
                 rows = await awa_sa.asyncio.enqueue_many(engine, NEW_JOBS)
+                shared = await awa_sa.asyncio.enqueue_many(engine, ARGS, **SHARED)
                 with pytest.raises(awa_sa.DuplicateJob) as raised:
                     await awa_sa.asyncio.enqueue(engine, args, **options)
             elif form == "session":
                 async with AsyncSession(engine) as session:
                     rows = await awa_sa.asyncio.enqueue_many(session, NEW_JOBS)
+                    shared = await awa_sa.asyncio.enqueue_many(session, ARGS, **SHARED)
                     with pytest.raises(awa_sa.DuplicateJob) as raised:
                         await awa_sa.asyncio.enqueue(session, args, **options)
                     await session.commit()
             else:
                 async with engine.connect() as conn:
                     rows = await awa_sa.asyncio.enqueue_many(conn, NEW_JOBS)
+                    shared = await awa_sa.asyncio.enqueue_many(conn, ARGS, **SHARED)
                     with pytest.raises(awa_sa.DuplicateJob) as raised:
                         await awa_sa.asyncio.enqueue(conn, args, **options)
                     await conn.commit()
-            return rows, raised.value
+            return rows, shared, raised.value
         finally:
             await engine.dispose()
 
-    rows, duplicate = asyncio.run(enqueue())
+    rows, shared, duplicate = asyncio.run(enqueue())
     assert duplicate.existing_id == rows[8].id
+    assert [(r.args, r.tags) for r in shared] == [(a, ("t",)) for a in ARGS]
     assert snapshot(twin.engine) == twin.expected

@@ -9,13 +9,14 @@ given ``run_at`` compared apart), and the listeners must have heard the same not
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import awa
 import pytest
 import sqlalchemy as sa
-from enqueuing import CHANNELS, JOBS, Twins, listening, snapshot, twins
+from enqueuing import CHANNELS, FUTURE, JOBS, Twins, listening, snapshot, twins
 from runtimes import pg_url
 
 import awa_sa
@@ -82,3 +83,54 @@ def test_a_batch_writes_what_one_by_one_writes(pair: Twins) -> None:
     _awa_pg_insert(pair.awa_pg.url)
     assert snapshot(engine) == snapshot(pair.awa_pg.engine)
     assert [r.id for r in rows] == sorted(r.id for r in rows)
+
+
+@dataclass
+class ShipOrder:
+    order: int
+
+
+BULK: list[tuple[list[Any], dict[str, Any], str]] = [
+    ([{"to": f"u{n}@example.com", "n": n} for n in range(3)], {"kind": "send_email"}, "shared"),
+    (
+        [ShipOrder(n) for n in range(2)],
+        {
+            "queue": "ship",
+            "priority": 1,
+            "max_attempts": 3,
+            "tags": ["b", "a"],
+            "metadata": {"m": 1},
+            "run_at": FUTURE,
+            "ordering_key": "customer-7",
+        },
+        "shared",
+    ),
+    ([{"n": n, "f": 1e-7} for n in range(2)], {"kind": "exponent"}, "objects"),
+    ([{"n": n} for n in range(2)], {"kind": "once", "unique_opts": {"by_queue": True}}, "objects"),
+]
+"""Lists of args under one set of keywords, as awa-pg's ``insert_many_copy`` takes them, and
+the batch shape awa-sa sends each as."""
+
+
+def test_a_batch_of_args_writes_what_insert_many_copy_writes(pair: Twins) -> None:
+    client = awa.Client(pg_url(pair.awa_pg.url))
+    try:
+        with listening(pair.awa_pg.url, CHANNELS) as theirs:
+            made = [client.insert_many_copy(items, **options) for items, options, _ in BULK]
+            heard_theirs = theirs.drain()
+    finally:
+        client.close()
+    statements: list[str] = []
+    engine = pair.awa_sa.engine
+    sa.event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    with listening(pair.awa_sa.url, CHANNELS) as ours:
+        rows = [awa_sa.enqueue_many(engine, items, **options) for items, options, _ in BULK]
+        assert ours.drain() == heard_theirs
+
+    assert snapshot(engine) == snapshot(pair.awa_pg.engine)
+    assert [[r.id for r in batch] for batch in rows] == [[j.id for j in jobs] for jobs in made]
+    assert [[r.kind for r in batch] for batch in rows] == [[j.kind for j in jobs] for jobs in made]
+    shared = [n for n, (_, _, shape) in enumerate(BULK) if shape == "shared"]
+    assert ["jsonb_array_elements" in statements[n] for n in range(len(BULK))] == [
+        n in shared for n in range(len(BULK))
+    ]

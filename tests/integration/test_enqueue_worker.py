@@ -234,8 +234,10 @@ async def work(ran: Ran) -> None:
     try:
         await within(worker.claiming, ran, "no Settles job was claimed")
         run_at = datetime.now(UTC) + timedelta(seconds=1)
+        # A list of args under one set of keywords (one ``shared`` statement), as the
+        # Settles jobs below: a real worker runs those as it runs NewJobs.
         ran.due = await awa_sa_asyncio.enqueue_many(
-            engine, [awa_sa.NewJob(Due(n), queue="q", run_at=run_at) for n in range(2)]
+            engine, [Due(n) for n in range(2)], queue="q", run_at=run_at
         )
         for fail, event in worker.settles_done.items():
             await within(event, ran, f"the Settles(fail={fail}) handler did not run")
@@ -269,8 +271,7 @@ def _ran(phase: str, pg: EmbeddedPostgres, url: str) -> Iterator[Ran]:
         routing = _scalar(engine, "SELECT awa.active_queue_storage_schema()")
         with engine.connect() as conn:
             settles = awa_sa.enqueue_many(
-                conn,
-                [awa_sa.NewJob(Settles(fail), queue="q", max_attempts=1) for fail in (False, True)],
+                conn, [Settles(fail) for fail in (False, True)], queue="q", max_attempts=1
             )
             conn.commit()
         found = Ran(cluster, routing, {job.args["fail"]: job for job in settles})

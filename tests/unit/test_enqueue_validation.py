@@ -6,6 +6,8 @@ DatabaseError instead; every refusal below is therefore made before any statemen
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,6 +18,7 @@ import sqlalchemy as sa
 
 import awa_sa
 from awa_sa import NewJob, ValidationError
+from awa_sa.enqueueing import prepare_batch
 from awa_sa.jobs import batch_of, derive_kind, prepare
 
 
@@ -75,9 +78,62 @@ def test_a_batch_names_the_refused_job(nowhere: sa.Engine) -> None:
         awa_sa.enqueue_many(nowhere, jobs)
     with pytest.raises(ValidationError, match="on_duplicate"):
         awa_sa.enqueue_many(nowhere, jobs[:1], on_duplicate="ignore")  # type: ignore[call-overload]
-    with pytest.raises(ValidationError, match=r"jobs\[0\]: a job must be"):
-        awa_sa.enqueue_many(nowhere, [{"a": 1}])  # type: ignore[list-item]
+    with pytest.raises(ValidationError, match=r"jobs\[0\]: args must be"):
+        awa_sa.enqueue_many(nowhere, [1])
     assert awa_sa.enqueue_many(nowhere, []) == []
+
+
+@pytest.mark.parametrize(
+    ("items", "options", "message"),
+    [
+        ([{"a": 1}, 2], {}, r"jobs\[1\]: args must be"),
+        ([{"a": 1}, {"a": "x\x00"}], {}, r"jobs\[1\]: .*NUL"),
+        ([{"a": 1}, {"a": 2}], {"priority": 9}, "priority"),
+        ([{"a": 1}, {"a": 2}], {"unique_opts": {"by": 1}}, "unique_opts"),
+        ([NewJob({"a": 1}), {"a": 2}], {"queue": "q"}, r"jobs\[0\]: a NewJob carries"),
+        ([{"a": 1}, NewJob({"a": 2})], {"queue": "q"}, r"jobs\[1\]: a NewJob carries"),
+    ],
+)
+def test_a_batch_of_args_is_checked_like_single_jobs(
+    nowhere: sa.Engine, items: list[Any], options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValidationError, match=message):
+        awa_sa.enqueue_many(nowhere, items, **options)
+
+
+def test_a_batch_takes_only_enqueues_keywords(nowhere: sa.Engine) -> None:
+    with pytest.raises(TypeError, match=r"\['opts'\].*NewJob"):
+        awa_sa.enqueue_many(nowhere, [{"a": 1}], opts=[None])  # type: ignore[call-overload]
+
+
+@dataclass
+class Other:
+    y: int
+
+
+@pytest.mark.parametrize(
+    ("items", "options", "shape", "kinds"),
+    [
+        ([{"a": 1}, {"a": 2}], {"kind": "k"}, "shared", ["k", "k"]),
+        ([Point(1), Point(2)], {"queue": "q", "tags": ["t"]}, "shared", ["point", "point"]),
+        ([Point(1), {"a": 2}], {"kind": "p"}, "shared", ["p", "p"]),
+        ([Point(1), Other(2)], {}, "objects", ["point", "other"]),
+        ([{"a": 1}, {"f": 1e-7}], {}, "objects", ["dict", "dict"]),
+        ([{"a": 1}, {"a": 2}], {"unique_opts": {}}, "objects", ["dict", "dict"]),
+        ([{"a": 1}], {}, "one", ["dict"]),
+        ([NewJob({"a": 1}), {"a": 2}], {}, "objects", ["dict", "dict"]),
+    ],
+)
+def test_a_batch_of_args_shares_its_values_where_only_the_args_differ(
+    items: list[Any], options: dict[str, Any], shape: str, kinds: list[str]
+) -> None:
+    batch = prepare_batch(items, "raise", options)
+    assert (batch.shape, [job.kind for job in batch.jobs]) == (shape, kinds)
+    if shape == "shared":
+        assert json.loads(batch.text or "") == [
+            item if isinstance(item, dict) else dataclasses.asdict(item) for item in items
+        ]
+        assert {job.queue for job in batch.jobs} == {options.get("queue", "default")}
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ job goes through ``awa.insert_job_compat`` to the plane of its phase.
   connection (the in-transaction floor), as :mod:`bench.endings` compares its endings. The
   variants are interleaved in short blocks by :func:`bench.measure.interleave`; the round
   trips per call are counted by a second, short pass through :mod:`bench.proxy` (no delay).
-* **Bulk**: *size* jobs in one transaction, four ways, in :mod:`bench.enqueue_bulk`.
+* **Bulk**: *size* jobs in one transaction, five ways, in :mod:`bench.enqueue_bulk`.
 """
 
 from __future__ import annotations

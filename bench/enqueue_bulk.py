@@ -1,6 +1,8 @@
-"""Part ``enqueue``, in bulk (issue 36): *size* jobs in one transaction, four ways.
+"""Part ``enqueue``, in bulk (issue 36): *size* jobs in one transaction, five ways.
 
-awa-sa's ``enqueue_many`` (Engine form), awa-pg 0.6.9's ``Client.insert_many_copy`` (COPY into
+awa-sa's ``enqueue_many`` (Engine form) called as awa-pg's ``insert_many_copy`` is, with the
+same list of args and ``kind``, and again with a ``NewJob`` per job (the form for jobs that
+differ in more than their args); awa-pg 0.6.9's ``Client.insert_many_copy`` (COPY into
 a staging table, then the producer function once per job), *size* single ``enqueue`` calls
 (Connection form), and the server calling ``insert_job_compat`` for each job with nothing of a
 client around it (:data:`FUNCTION_ALONE`, the floor of both bulk paths). Each way runs once per
@@ -142,6 +144,10 @@ def _timed(
 
 
 def _batch(engine: sa.Engine, client: awa.Client, args: list[dict[str, Any]]) -> None:
+    awa_sa.enqueue_many(engine, args, kind=KIND)
+
+
+def _batch_of_new_jobs(engine: sa.Engine, client: awa.Client, args: list[dict[str, Any]]) -> None:
     awa_sa.enqueue_many(engine, [awa_sa.NewJob(a, kind=KIND) for a in args])
 
 
@@ -174,6 +180,7 @@ too, and, over *size* single calls, the ceiling of any batch's ratio
 (docs/contract.md#enqueue-bounds)."""
 WAYS: dict[str, Way] = {
     "awa-sa enqueue_many": _batch,
+    "awa-sa enqueue_many NewJob": _batch_of_new_jobs,
     "awa-pg insert_many_copy": _copy,
     "awa-sa enqueue x N": _singles,
     "insert_job_compat alone": _function_alone,
@@ -204,6 +211,8 @@ def bulk_summary(result: dict[str, Any]) -> list[str]:
             lines.append(f"  {label:26} {ratio:6.2f}x  target {bound} {target:.1f}x {verdict}")
         alone = ways["insert_job_compat alone"]["seconds"]
         copy = ways["awa-pg insert_many_copy"]["seconds"]
+        new_jobs = ways["awa-sa enqueue_many NewJob"]["seconds"]
+        lines.append(f"  {'NewJob form / COPY':26} {new_jobs / copy:6.2f}x")
         lines.append(f"  {'function alone / COPY':26} {alone / copy:6.2f}x  (any caller's floor)")
         singles = ways["awa-sa enqueue x N"]["seconds"]
         lines.append(

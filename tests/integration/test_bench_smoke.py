@@ -260,6 +260,7 @@ def test_the_enqueue_part_compares_one_job_with_the_raw_statement_and_bulk_ways(
     assert _not_positive(part["single"]["variants"], "wall_us", "cpu_us") == []
     statements = {
         "awa-sa enqueue_many": 3,
+        "awa-sa enqueue_many NewJob": 3,
         "awa-pg insert_many_copy": 5,
         "awa-sa enqueue x N": 7,
         "insert_job_compat alone": 3,
@@ -273,7 +274,7 @@ def test_the_enqueue_part_compares_one_job_with_the_raw_statement_and_bulk_ways(
         assert list(far) == ["0.5", "2.5"]  # the proxy's added round trips, by default
         assert _not_positive(far, *far["0.5"]) == []
     labels = ("enqueue_many / COPY", "singles / enqueue_many ", "function alone / COPY")
-    for label in (*labels, "singles / function alone"):
+    for label in (*labels, "singles / function alone", "NewJob form / COPY"):
         assert sum(line.strip().startswith(label) for line in printed.splitlines()) == 2
     assert sum("singles / enqueue_many, proxy +" in line for line in printed.splitlines()) == 4
 

@@ -276,7 +276,7 @@ def main() -> None:
     parser.add_argument("--batch-rounds", type=int, default=5)
     parser.add_argument("--pooled-seconds", type=float, default=30.0)
     parser.add_argument("--enqueue-size", type=int, default=10_000, help="jobs per bulk way")
-    parser.add_argument("--enqueue-rounds", type=int, default=4, help="bulk rounds, median")
+    parser.add_argument("--enqueue-rounds", type=int, default=6, help="bulk rounds, median")
     parser.add_argument(
         "--enqueue-rtt-ms",
         type=lambda text: [float(rtt) for rtt in text.split(",")],

@@ -180,12 +180,13 @@ too, and, over *size* single calls, the ceiling of any batch's ratio
 (docs/contract.md#enqueue-bounds)."""
 WAYS: dict[str, Way] = {
     "awa-sa enqueue_many": _batch,
-    "awa-sa enqueue_many NewJob": _batch_of_new_jobs,
     "awa-pg insert_many_copy": _copy,
+    "awa-sa enqueue_many NewJob": _batch_of_new_jobs,
     "awa-sa enqueue x N": _singles,
     "insert_job_compat alone": _function_alone,
 }
-"""The bulk ways, each given the Engine and awa-pg's client on the same fresh database."""
+"""The bulk ways, each given the Engine and awa-pg's client on the same fresh database; the
+pair with a target side by side, so that a round's two samples meet the same machine."""
 
 
 def bulk_summary(result: dict[str, Any]) -> list[str]:

@@ -260,8 +260,8 @@ def test_the_enqueue_part_compares_one_job_with_the_raw_statement_and_bulk_ways(
     assert _not_positive(part["single"]["variants"], "wall_us", "cpu_us") == []
     statements = {
         "awa-sa enqueue_many": 3,
-        "awa-sa enqueue_many NewJob": 3,
         "awa-pg insert_many_copy": 5,
+        "awa-sa enqueue_many NewJob": 3,
         "awa-sa enqueue x N": 7,
         "insert_job_compat alone": 3,
     }

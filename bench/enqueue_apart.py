@@ -1,0 +1,109 @@
+"""Where a bulk way's time goes (issue 36): ``python -m bench.enqueue_apart [rounds]``.
+
+The bulk ways of :mod:`bench.enqueue_bulk` but the single calls, each call started as the bench
+starts it (a fresh copy of the plane's database, warmed by two jobs, checkpointed), with what
+the wall time alone does not say: the client thread's CPU, the CPU of the call's backends
+(``/proc/<pid>/schedstat``) and the time the garbage collector ran during the call, with the
+generation-2 (full) collections counted (``gc.callbacks``). Medians of *rounds* (8), the order
+turning each round. This is how docs/performance.md#enqueue splits the ways' times; it needs
+the awa CLI.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import sys
+import time
+from typing import Any
+
+import awa
+import sqlalchemy as sa
+
+from awa_sa.testing.server import embedded_postgres
+from bench import enqueue, server_cost
+from bench.enqueue_bulk import WAYS, args_of
+from bench.open_receipts import cpu_ms
+from bench.workload import fresh_copy
+
+NAMES = [name for name in WAYS if name != "awa-sa enqueue x N"]
+
+
+class Collector:
+    """The collector's time and full collections since :meth:`reset`."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.full = 0
+        self._start = 0.0
+        gc.callbacks.append(self._callback)
+
+    def reset(self) -> None:
+        self.seconds, self.full = 0.0, 0
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+            return
+        self.seconds += time.perf_counter() - self._start
+        self.full += info["generation"] == 2
+
+
+def _call(server: Any, template: str, name: str, collector: Collector) -> list[float]:
+    """One call of way *name*: wall, thread and backend ms, collector ms, full collections."""
+    with fresh_copy(server, template, file_copy=True) as url:
+        engine = sa.create_engine(url, pool_size=2)
+        client = awa.Client(sa.make_url(url).set(drivername="postgresql").render_as_string(False))
+        admin = sa.create_engine(url, poolclass=sa.NullPool, isolation_level="AUTOCOMMIT")
+        try:
+            WAYS[name](engine, client, [args_of(-n, "warm") for n in range(1, 3)])
+            with admin.connect() as conn:
+                conn.execute(sa.text("CHECKPOINT"))
+                pids = list(
+                    conn.execute(
+                        sa.text(
+                            "SELECT pid FROM pg_stat_activity"
+                            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                        )
+                    ).scalars()
+                )
+            args = [args_of(n, name) for n in range(10_000)]
+            backend = sum(cpu_ms(pid) for pid in pids)
+            collector.reset()
+            thread, wall = time.thread_time(), time.perf_counter()
+            WAYS[name](engine, client, args)
+            wall, thread = time.perf_counter() - wall, time.thread_time() - thread
+            backend = sum(cpu_ms(pid) for pid in pids) - backend
+            return [wall * 1000, thread * 1000, backend, collector.seconds * 1000, collector.full]
+        finally:
+            client.close()
+            engine.dispose()
+            admin.dispose()
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 8
+    collector = Collector()
+    with embedded_postgres(server_cost.SETTINGS) as server:
+        for plane, url in enqueue.databases(server, "awa").items():
+            template = sa.make_url(url).database or ""
+            seen: dict[str, list[list[float]]] = {name: [] for name in NAMES}
+            for round_ in range(rounds):
+                turn = round_ % len(NAMES)
+                for name in NAMES[turn:] + NAMES[:turn]:
+                    seen[name].append(_call(server, template, name, collector))
+            print(f"{plane}: medians of {rounds} calls, ms")
+            for name, calls in seen.items():
+                wall, thread, backend, collecting = (
+                    statistics.median(call[n] for call in calls) for n in range(4)
+                )
+                full = sum(int(call[4]) for call in calls)
+                print(
+                    f"  {name:28} wall {wall:6.0f} client thread {thread:4.0f}"
+                    f" backends {backend:6.0f} collector {collecting:3.0f}"
+                    f" (full collections in {full} of {rounds} calls)"
+                )
+
+
+if __name__ == "__main__":
+    main()

@@ -164,26 +164,15 @@ def _given(shape: Shape) -> tuple[Any, list[ColumnElement[Any]], ColumnElement[A
     if shape == "objects":
         return _objects()
     row = bound_row(_FIELDS).subquery("given")
-    values = _scalars(row.c, cast(row.c.args, JSONB))
     if shape == "one":
-        return row, values, None
-    # The shared values typed once: in a subquery the planner pulls up, each cast (an enum,
-    # a timestamp, jsonb, an array) would run again for every job.
-    names = [name for _, name, _ in _FIELDS]
-    shared = (
-        select(*(value.label(name) for name, value in zip(names, values, strict=True)))
-        .cte("shared")
-        .prefix_with("MATERIALIZED")
-    )
+        return row, _scalars(row.c, cast(row.c.args, JSONB)), None
     each = (
-        func.jsonb_array_elements(shared.c.args)
+        func.jsonb_array_elements(cast(row.c.args, JSONB))
         .table_valued(column("args", JSONB), with_ordinality=_POSITION)
         .render_derived(name="each")
     )
-    arguments: list[ColumnElement[Any]] = [
-        each.c.args if name == "args" else shared.c[name] for name in names
-    ]
-    return shared.join(each, literal_column("true")), arguments, each.c[_POSITION]
+    rows = row.join(each, literal_column("true"))
+    return rows, _scalars(row.c, each.c.args), each.c[_POSITION]
 
 
 def _scalars(c: Any, args: ColumnElement[Any]) -> list[ColumnElement[Any]]:

@@ -100,7 +100,21 @@ def test_the_answer_is_the_stored_row(
         [awa_sa.NewJob({**args, "batch": True}, **options) for args, options in rows],
         on_duplicate="skip",
     )
-    answered = [*singles, *(row for row in batch if isinstance(row, awa_sa.EnqueuedJob))]
+    # And each job's args again as a list under its keywords: the batch shape that binds the
+    # keywords once (where only the args differ), or objects (where its args or key differ).
+    shared = [
+        row
+        for args, options in rows
+        for row in awa_sa.enqueue_many(
+            engine, [{**args, "shared": n} for n in range(2)], on_duplicate="skip", **options
+        )
+        if isinstance(row, awa_sa.EnqueuedJob)
+    ]
+    answered = [
+        *singles,
+        *(row for row in batch if isinstance(row, awa_sa.EnqueuedJob)),
+        *shared,
+    ]
     assert len(answered) > len(rows)  # the batch's non-unique jobs at least
     with engine.connect() as conn:
         routed = conn.execute(sa.text("SELECT awa.active_queue_storage_schema()")).scalar()

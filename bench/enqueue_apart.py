@@ -7,6 +7,10 @@ the wall time alone does not say: the client thread's CPU, the CPU of the call's
 generation-2 (full) collections counted (``gc.callbacks``). Medians of *rounds* (8), the order
 turning each round. This is how docs/performance.md#enqueue splits the ways' times; it needs
 the awa CLI.
+
+Then, on queue storage, ``enqueue_many`` with the session's ``client_min_messages`` at
+PostgreSQL's default and at ``warning``, alternating: Awa's function there raises notices for
+every job, which the driver reads into Python (docs/enqueue.md#notices).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 import awa
 import sqlalchemy as sa
 
+import awa_sa
 from awa_sa.testing.server import embedded_postgres
 from bench import enqueue, server_cost
 from bench.enqueue_bulk import WAYS, args_of
@@ -85,7 +90,8 @@ def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 8
     collector = Collector()
     with embedded_postgres(server_cost.SETTINGS) as server:
-        for plane, url in enqueue.databases(server, "awa").items():
+        urls = enqueue.databases(server, "awa")
+        for plane, url in urls.items():
             template = sa.make_url(url).database or ""
             seen: dict[str, list[list[float]]] = {name: [] for name in NAMES}
             for round_ in range(rounds):
@@ -103,6 +109,34 @@ def main() -> None:
                     f" backends {backend:6.0f} collector {collecting:3.0f}"
                     f" (full collections in {full} of {rounds} calls)"
                 )
+        notices(server, sa.make_url(urls["queue storage"]).database or "", rounds)
+
+
+def notices(server: Any, template: str, rounds: int) -> None:
+    """``enqueue_many`` of 10,000 jobs with the server's notices sent, and without."""
+    seen: dict[str, list[tuple[float, float]]] = {"notice": [], "warning": []}
+    for round_ in range(rounds):
+        for level in ("notice", "warning") if round_ % 2 == 0 else ("warning", "notice"):
+            with fresh_copy(server, template, file_copy=True) as url:
+                options = {"options": f"-c client_min_messages={level}"}
+                engine = sa.create_engine(url, connect_args=options)
+                try:
+                    awa_sa.enqueue_many(
+                        engine, [args_of(-n, "warm") for n in range(1, 3)], kind="bench"
+                    )
+                    args = [args_of(n, level) for n in range(10_000)]
+                    thread, wall = time.thread_time(), time.perf_counter()
+                    awa_sa.enqueue_many(engine, args, kind="bench")
+                    wall, thread = time.perf_counter() - wall, time.thread_time() - thread
+                    seen[level].append((wall * 1000, thread * 1000))
+                finally:
+                    engine.dispose()
+    print(f"queue storage, enqueue_many, client_min_messages: medians of {rounds} calls, ms")
+    for level, calls in seen.items():
+        wall, thread = (statistics.median(call[n] for call in calls) for n in range(2))
+        print(f"  {level:8} wall {wall:6.0f} client thread {thread:5.0f}")
+    ratios = [w[0] / n[0] for w, n in zip(seen["warning"], seen["notice"], strict=True)]
+    print(f"  warning / notice, round by round: {min(ratios):.2f}-{max(ratios):.2f}")
 
 
 if __name__ == "__main__":

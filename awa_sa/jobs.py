@@ -254,21 +254,19 @@ def shared_batch(items: Sequence[object], options: NewJob) -> Batch | None:
         return None
     kind = options.kind
     payloads = []
-    payload: object
     for index, item in enumerate(items):
-        if type(item) is dict:
-            payload, class_name = item, "dict"
-        elif isinstance(item, NewJob):
+        if isinstance(item, NewJob):
             return None
-        else:
-            try:
-                payload, class_name = _args(item)
-            except ValidationError as exc:
-                raise ValidationError(f"jobs[{index}]: {exc}") from exc
-        if options.kind is None and derive_kind(class_name) != kind:
-            if kind is not None:
+        try:
+            payload, class_name = _args(item)
+        except ValidationError as exc:
+            raise ValidationError(f"jobs[{index}]: {exc}") from exc
+        if options.kind is None:
+            derived = derive_kind(class_name)
+            if kind is None:
+                kind = derived
+            elif derived != kind:
                 return None
-            kind = derive_kind(class_name)
         if not plain(payload):
             return None
         payloads.append(payload)

@@ -21,15 +21,12 @@ import sys
 import time
 from typing import Any
 
-import awa
 import sqlalchemy as sa
 
-import awa_sa
 from awa_sa.testing.server import embedded_postgres
 from bench import enqueue, server_cost
-from bench.enqueue_bulk import WAYS, args_of
+from bench.enqueue_bulk import WAYS, args_of, warmed
 from bench.open_receipts import cpu_ms
-from bench.workload import fresh_copy
 
 NAMES = [name for name in WAYS if name != "awa-sa enqueue x N"]
 
@@ -56,34 +53,24 @@ class Collector:
 
 def _call(server: Any, template: str, name: str, collector: Collector) -> list[float]:
     """One call of way *name*: wall, thread and backend ms, collector ms, full collections."""
-    with fresh_copy(server, template, file_copy=True) as url:
-        engine = sa.create_engine(url, pool_size=2)
-        client = awa.Client(sa.make_url(url).set(drivername="postgresql").render_as_string(False))
-        admin = sa.create_engine(url, poolclass=sa.NullPool, isolation_level="AUTOCOMMIT")
-        try:
-            WAYS[name](engine, client, [args_of(-n, "warm") for n in range(1, 3)])
-            with admin.connect() as conn:
-                conn.execute(sa.text("CHECKPOINT"))
-                pids = list(
-                    conn.execute(
-                        sa.text(
-                            "SELECT pid FROM pg_stat_activity"
-                            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                        )
-                    ).scalars()
-                )
-            args = [args_of(n, name) for n in range(10_000)]
-            backend = sum(cpu_ms(pid) for pid in pids)
-            collector.reset()
-            thread, wall = time.thread_time(), time.perf_counter()
-            WAYS[name](engine, client, args)
-            wall, thread = time.perf_counter() - wall, time.thread_time() - thread
-            backend = sum(cpu_ms(pid) for pid in pids) - backend
-            return [wall * 1000, thread * 1000, backend, collector.seconds * 1000, collector.full]
-        finally:
-            client.close()
-            engine.dispose()
-            admin.dispose()
+    with warmed(server, template, WAYS[name]) as (engine, client, admin):
+        with admin.connect() as conn:
+            pids = list(
+                conn.execute(
+                    sa.text(
+                        "SELECT pid FROM pg_stat_activity"
+                        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+                ).scalars()
+            )
+        args = [args_of(n, name) for n in range(10_000)]
+        backend = sum(cpu_ms(pid) for pid in pids)
+        collector.reset()
+        thread, wall = time.thread_time(), time.perf_counter()
+        WAYS[name](engine, client, args)
+        wall, thread = time.perf_counter() - wall, time.thread_time() - thread
+        backend = sum(cpu_ms(pid) for pid in pids) - backend
+        return [wall * 1000, thread * 1000, backend, collector.seconds * 1000, collector.full]
 
 
 def main() -> None:
@@ -117,20 +104,14 @@ def notices(server: Any, template: str, rounds: int) -> None:
     seen: dict[str, list[tuple[float, float]]] = {"notice": [], "warning": []}
     for round_ in range(rounds):
         for level in ("notice", "warning") if round_ % 2 == 0 else ("warning", "notice"):
-            with fresh_copy(server, template, file_copy=True) as url:
-                options = {"options": f"-c client_min_messages={level}"}
-                engine = sa.create_engine(url, connect_args=options)
-                try:
-                    awa_sa.enqueue_many(
-                        engine, [args_of(-n, "warm") for n in range(1, 3)], kind="bench"
-                    )
-                    args = [args_of(n, level) for n in range(10_000)]
-                    thread, wall = time.thread_time(), time.perf_counter()
-                    awa_sa.enqueue_many(engine, args, kind="bench")
-                    wall, thread = time.perf_counter() - wall, time.thread_time() - thread
-                    seen[level].append((wall * 1000, thread * 1000))
-                finally:
-                    engine.dispose()
+            options = {"options": f"-c client_min_messages={level}"}
+            batch = WAYS["awa-sa enqueue_many"]
+            with warmed(server, template, batch, connect_args=options) as (engine, client, _):
+                args = [args_of(n, level) for n in range(10_000)]
+                thread, wall = time.thread_time(), time.perf_counter()
+                batch(engine, client, args)
+                wall, thread = time.perf_counter() - wall, time.thread_time() - thread
+                seen[level].append((wall * 1000, thread * 1000))
     print(f"queue storage, enqueue_many, client_min_messages: medians of {rounds} calls, ms")
     for level, calls in seen.items():
         wall, thread = (statistics.median(call[n] for call in calls) for n in range(2))

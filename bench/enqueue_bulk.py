@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import awa
@@ -115,6 +116,38 @@ def _round(size: int, tag: str) -> list[dict[str, Any]]:
     return [args_of(n, tag) for n in range(size)]
 
 
+@contextmanager
+def warmed(
+    server: EmbeddedPostgres,
+    template: str,
+    way: Way,
+    *,
+    port: int | None = None,
+    connect_args: Mapping[str, Any] | None = None,
+) -> Iterator[tuple[sa.Engine, awa.Client, sa.Engine]]:
+    """The start every timed call gets: a fresh copy of *template*, *way*'s Engine and
+    awa-pg's client on it, warmed by two jobs, then a checkpoint. Yields them with an
+    autocommit engine for the harness's own statements; the Engine's connections through
+    *port* where one is given, made with *connect_args*."""
+    with fresh_copy(server, template, file_copy=True) as url:
+        engine = sa.create_engine(
+            sa.make_url(url).set(port=port) if port else url,
+            pool_size=2,
+            connect_args=dict(connect_args or {}),
+        )
+        admin = sa.create_engine(url, pool_size=1, isolation_level="AUTOCOMMIT")
+        client = awa.Client(sa.make_url(url).set(drivername="postgresql").render_as_string(False))
+        try:
+            way(engine, client, [args_of(-n, "warm") for n in range(1, 3)])
+            with admin.connect() as conn:
+                conn.execute(sa.text("CHECKPOINT"))
+            yield engine, client, admin
+        finally:
+            client.close()
+            engine.dispose()
+            admin.dispose()
+
+
 def _timed(
     server: EmbeddedPostgres,
     template: str,
@@ -124,23 +157,12 @@ def _timed(
 ) -> tuple[float, int]:
     """*way*'s seconds for *args* on a fresh copy of *template*, and the statements it sent;
     the Engine's connections through *port* where one is given."""
-    with fresh_copy(server, template, file_copy=True) as url:
-        engine = sa.create_engine(sa.make_url(url).set(port=port) if port else url, pool_size=2)
-        admin = sa.create_engine(url, pool_size=1, isolation_level="AUTOCOMMIT")
-        client = awa.Client(sa.make_url(url).set(drivername="postgresql").render_as_string(False))
-        try:
-            way(engine, client, [args_of(-n, "warm") for n in range(1, 3)])
-            with admin.connect() as conn:
-                conn.execute(sa.text("CHECKPOINT"))
-            server_statements(admin, reset=True)
-            start = time.perf_counter()
-            way(engine, client, args)
-            took = time.perf_counter() - start
-            return took, server_statements(admin)
-        finally:
-            client.close()
-            engine.dispose()
-            admin.dispose()
+    with warmed(server, template, way, port=port) as (engine, client, admin):
+        server_statements(admin, reset=True)
+        start = time.perf_counter()
+        way(engine, client, args)
+        took = time.perf_counter() - start
+        return took, server_statements(admin)
 
 
 def _batch(engine: sa.Engine, client: awa.Client, args: list[dict[str, Any]]) -> None:

@@ -199,7 +199,12 @@ class Worker:
     async def due(self, job: Any) -> None:
         self.ran.due_seen_at[job.id] = datetime.now(UTC)
         self.ran.calls[job.id] += 1
-        if len(self.ran.due_seen_at) == len(self.ran.due):
+        self.due_check()
+
+    def due_check(self) -> None:
+        """Every Due job handled: checked by the handler and once the enqueue has answered,
+        since on a busy machine the jobs can come due, and run, before it has."""
+        if self.ran.due and set(self.ran.due_seen_at) >= {job.id for job in self.ran.due}:
             self.all_due.set()
 
 
@@ -239,6 +244,7 @@ async def work(ran: Ran) -> None:
         ran.due = await awa_sa_asyncio.enqueue_many(
             engine, [Due(n) for n in range(2)], queue="q", run_at=run_at
         )
+        worker.due_check()
         for fail, event in worker.settles_done.items():
             await within(event, ran, f"the Settles(fail={fail}) handler did not run")
         assert not ran.errors, ran.errors  # else no follow-up is coming: stop here

@@ -62,7 +62,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture(scope="session")
 def awa_databases(request: pytest.FixtureRequest) -> Iterator[Databases]:
     """The session's server and its template database, set up when first needed."""
-    from awa_sa.errors import AwaSAError
+    from awa_sa.core.errors import AwaSAError
     from awa_sa.testing.databases import Databases
 
     url = request.config.getoption("awa_sa_server_url") or os.environ.get(SERVER_URL_ENV) or None
@@ -124,7 +124,7 @@ def awa_async_engine(awa_url: str, awa_async_driver: str) -> AsyncEngine:
     import sqlalchemy as sa
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    from awa_sa.drivers import ASYNC_DRIVERS
+    from awa_sa.core.drivers import ASYNC_DRIVERS
 
     if awa_async_driver not in ASYNC_DRIVERS:
         pytest.fail(

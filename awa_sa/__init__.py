@@ -22,7 +22,7 @@ The same attempt settled again, now in a batch: the guard no longer matches, not
     [Stale()]
 """
 
-from awa_sa.administer import (
+from awa_sa.administer.api import (
     RetriedFailed,
     cancel_by_unique_key,
     cancel_job,
@@ -30,8 +30,8 @@ from awa_sa.administer import (
     retry_failed,
     retry_job,
 )
-from awa_sa.enqueueing import enqueue, enqueue_many
-from awa_sa.errors import (
+from awa_sa.administer.statements.canonical import JobRow
+from awa_sa.core.errors import (
     AmbiguousAttempt,
     AttemptNotFound,
     AwaSAError,
@@ -47,8 +47,18 @@ from awa_sa.errors import (
     UniqueConflict,
     ValidationError,
 )
-from awa_sa.jobs import Duplicate, EnqueuedJob, NewJob
-from awa_sa.kinds import (
+from awa_sa.core.unique_keys import Unique
+from awa_sa.enqueue.api import enqueue, enqueue_many
+from awa_sa.enqueue.new_jobs import Duplicate, EnqueuedJob, NewJob
+from awa_sa.settle.api import (
+    reschedule_canonical_attempt,
+    reschedule_canonical_attempts,
+    settle,
+    settle_attempts,
+    settle_canonical_attempt,
+    settle_canonical_attempts,
+)
+from awa_sa.settle.results import (
     Attempt,
     Cancel,
     Cancelled,
@@ -70,17 +80,7 @@ from awa_sa.kinds import (
     Snooze,
     Stale,
 )
-from awa_sa.reschedule import (
-    reschedule_canonical_attempt,
-    reschedule_canonical_attempts,
-    settle,
-    settle_attempts,
-    settle_canonical_attempt,
-    settle_canonical_attempts,
-)
-from awa_sa.running import CANONICAL, RunningAttempt, attempt_of, running_attempts
-from awa_sa.statements.admin_canonical import JobRow
-from awa_sa.unique import Unique
+from awa_sa.settle.running import CANONICAL, RunningAttempt, attempt_of, running_attempts
 
 __all__ = [
     "CANONICAL",

@@ -6,7 +6,7 @@ on its sync Connection, as ``run_sync`` would. An ``AsyncEngine`` runs the whole
 form (checkout, the one statement in autocommit -- or BEGIN, the flow, COMMIT when it says to
 go on -- and checkin) in one greenlet, as ``AsyncConnection`` runs each of those steps, rather
 than one greenlet and event-loop round per step: ``async with engine.begin()`` costs five of
-them and a task. The greenlet is a kept one (``awa_sa.internals.run_in_greenlet``), not a new
+them and a task. The greenlet is a kept one (``awa_sa.core.internals.run_in_greenlet``), not a new
 one per call. The sync engine, its pool and its events are the same either way.
 """
 
@@ -27,19 +27,21 @@ except ImportError as exc:
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
-from awa_sa import administer, forms
-from awa_sa.calls import AnyCall, prepare, prepare_all, prepare_batch, prepare_result
-from awa_sa.drivers import check_dialect
-from awa_sa.enqueueing_async import enqueue, enqueue_many
-from awa_sa.errors import ValidationError
-from awa_sa.internals import run_in_greenlet
-from awa_sa.kinds import Attempt, Ending, Kind, Outcome, Result, Settle, Settlement
-from awa_sa.reschedule import settling, settlings
-from awa_sa.running import JobLike, RunningAttempt
-from awa_sa.running import attempt_of as _sync_attempt_of
-from awa_sa.running import running_attempts as _sync_running_attempts
-from awa_sa.statements.admin_canonical import JobRow
-from awa_sa.translation import translated_error
+from awa_sa.administer import api as administer
+from awa_sa.administer.statements.canonical import JobRow
+from awa_sa.core import binds
+from awa_sa.core.driver_errors import translated_error
+from awa_sa.core.drivers import check_dialect
+from awa_sa.core.errors import ValidationError
+from awa_sa.core.internals import run_in_greenlet
+from awa_sa.enqueue.api_async import enqueue, enqueue_many
+from awa_sa.settle import binds as forms
+from awa_sa.settle.api import settling, settlings
+from awa_sa.settle.inputs import AnyCall, prepare, prepare_all, prepare_batch, prepare_result
+from awa_sa.settle.results import Attempt, Ending, Kind, Outcome, Result, Settle, Settlement
+from awa_sa.settle.running import JobLike, RunningAttempt
+from awa_sa.settle.running import attempt_of as _sync_attempt_of
+from awa_sa.settle.running import running_attempts as _sync_running_attempts
 
 _T = TypeVar("_T")
 
@@ -242,14 +244,14 @@ async def _administered(
     bind: AsyncEngine | AsyncConnection | AsyncSession, step: administer.Step[_T]
 ) -> _T:
     _check_bind(bind)
-    return await _on_sync(bind, forms.administer_in, step, engine_form=forms.administered)
+    return await _on_sync(bind, binds.administer_in, step, engine_form=binds.administered)
 
 
 def _check_bind(bind: object) -> None:
     if isinstance(bind, AsyncEngine | AsyncConnection):
         check_dialect(bind.dialect, is_async=True)
     elif isinstance(bind, AsyncSession):
-        check_dialect(forms.session_dialect(bind.sync_session), is_async=True)
+        check_dialect(binds.session_dialect(bind.sync_session), is_async=True)
     else:
         raise ValidationError(
             "bind must be a sqlalchemy AsyncEngine, AsyncConnection or AsyncSession, got "
@@ -280,5 +282,5 @@ async def _on_sync(
             return await bind.run_sync(fn, *args)
         return await run_in_greenlet(fn, bind.sync_connection, *args)
     except Exception as exc:
-        # translated() entered only once something was raised (as in awa_sa.forms)
+        # translated() entered only once something was raised (as in awa_sa.settle.binds)
         raise translated_error(exc)  # noqa: B904 -- translated() chained it already

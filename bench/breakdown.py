@@ -9,7 +9,7 @@ on its own, interleaved round by round:
   same connection through the raw driver, in the same transaction (the move names no job, so it
   moves nothing and can repeat);
 * async only: one greenlet round (``greenlet_spawn`` of a no-op, a new greenlet, and
-  ``awa_sa.internals.run_in_greenlet`` of one, a kept greenlet, against awaiting a no-op), and
+  ``awa_sa.core.internals.run_in_greenlet`` of one, a kept greenlet, against awaiting a no-op), and
   each statement through SQLAlchemy's async adaptation inside one greenlet against the same
   statement awaited on the raw async driver.
 
@@ -30,7 +30,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.util import greenlet_spawn
 
-from awa_sa.internals import run_in_greenlet
+from awa_sa.core.internals import run_in_greenlet
 from bench.workload import canonical_texts, move_values
 
 Step = Callable[[], object]

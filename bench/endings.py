@@ -23,7 +23,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from awa_sa import Cancel, Complete, Fail, settle_canonical_attempt
-from awa_sa.kinds import Result
+from awa_sa.settle.results import Result
 from bench.floor import Borrowed, Step, directly, set_autocommit
 from bench.variants import Variant, Variants
 

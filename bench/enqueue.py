@@ -110,7 +110,8 @@ def _variants(group: str, engine: sa.Engine, held: sa.Connection) -> list[Varian
     alone = Borrowed(engine, directly, set_autocommit)  # the Engine form's backend
 
     def raw(conn: Any, n: int) -> Any:
-        # What awa-sa binds for the job (awa_sa.jobs.JobValues), the args serialised here too.
+        # What awa-sa binds for the job (awa_sa.enqueue.new_jobs.JobValues), the args serialised
+        # here too.
         values = (KIND, "default", json.dumps(args_of(n)), "available", 2, 25, None, "{}")
         return conn.execute(RAW, (*values, [], None, None, None), prepare=True).fetchall()
 

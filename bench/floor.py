@@ -2,7 +2,7 @@
 
 The two-statement floor: BEGIN, the lock, the routing move, COMMIT -- four round trips, the
 canonical path before the one statement, in the text awa-sa sends for those statements on that
-driver (:mod:`awa_sa.compiled`); inside a transaction the caller has open, its lock and move
+driver (:mod:`awa_sa.core.compiled`); inside a transaction the caller has open, its lock and move
 alone (two round trips) are the floor of the Connection forms. The one-statement floor: the one
 statement (``statements.move_if_canonical``) alone in autocommit, one round trip. All are
 prepared where the driver prepares (psycopg 3 explicitly, asyncpg always; psycopg2 binds on the
@@ -25,8 +25,8 @@ from typing import Any, ParamSpec, TypeVar
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import PoolProxiedConnection
 
-from awa_sa.compiled import Compiled
-from awa_sa.internals import run_in_greenlet
+from awa_sa.core.compiled import Compiled
+from awa_sa.core.internals import run_in_greenlet
 from bench.workload import move_values
 
 Op = Callable[[int, int], Any]

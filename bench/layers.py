@@ -4,7 +4,7 @@ Part 1 gives the Engine form's time over its pool floor; this part splits that s
 awa-sa's layers. Each variant is a real call on a live attempt (psycopg 3, an engine no one
 watches: the direct path), built up from the pool floor one layer at a time: the direct path's
 own I/O (checkout, autocommit switch, the statement's text sent and fetched, checkin), then
-the validation of the arguments, the statement run as a :class:`~awa_sa.compiled.Query` (its
+the validation of the arguments, the statement run as a :class:`~awa_sa.core.compiled.Query` (its
 shape, compiled text, binds and answer), the flow's step around it, the form around that, and
 the public call. Each layer's cost is its variant's client CPU less the one before.
 
@@ -22,11 +22,13 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from awa_sa import flow, forms, reschedule_canonical_attempt
-from awa_sa.calls import items, prepare
-from awa_sa.compiled import run as run_query
-from awa_sa.internals import Direct, autocommit_off, autocommit_on, checkin_idle, checkout
-from awa_sa.statements.canonical import MOVE_IF_CANONICAL
+from awa_sa import reschedule_canonical_attempt
+from awa_sa.core.compiled import run as run_query
+from awa_sa.core.internals import Direct, autocommit_off, autocommit_on, checkin_idle, checkout
+from awa_sa.settle import binds as forms
+from awa_sa.settle import flow
+from awa_sa.settle.inputs import items, prepare
+from awa_sa.settle.statements.canonical import MOVE_IF_CANONICAL
 from bench.floor import pool_floor
 from bench.measure import interleave
 from bench.variants import Variant

@@ -21,9 +21,9 @@ from typing import Any
 import psycopg
 from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
 
-from awa_sa.compiled import compile_statement
-from awa_sa.statements.job_receipts import open_claims
-from awa_sa.statements.listings import Filters, filter_binds, queue_storage_attempts
+from awa_sa.core.compiled import compile_statement
+from awa_sa.settle.statements.job_receipts import open_claims
+from awa_sa.settle.statements.listings import Filters, filter_binds, queue_storage_attempts
 from awa_sa.testing.server import embedded_postgres
 from bench.workload import awa_cli
 

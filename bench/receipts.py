@@ -22,9 +22,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from awa_sa import Complete, RunningAttempt, settle
-from awa_sa.calls import prepare_receipt
-from awa_sa.compiled import compiled
-from awa_sa.statements.receipt_settles import (
+from awa_sa.core.compiled import compiled
+from awa_sa.settle.inputs import prepare_receipt
+from awa_sa.settle.statements.receipt_settles import (
     RECEIPT_LOCKS,
     SETTLE_RECEIPT,
     receipt_lock,

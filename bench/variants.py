@@ -35,9 +35,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
 from awa_sa import asyncio as awa_async
 from awa_sa import reschedule_canonical_attempt
-from awa_sa.compiled import Compiled
-from awa_sa.errors import AwaSAError
-from awa_sa.internals import run_in_greenlet
+from awa_sa.core.compiled import Compiled
+from awa_sa.core.errors import AwaSAError
+from awa_sa.core.internals import run_in_greenlet
 from bench import floor
 from bench.floor import Borrowed, Close, Op, Raw, Step, blocking
 from bench.workload import KIND, Jobs, canonical_texts, move_values, one_statement_text

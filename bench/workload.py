@@ -25,8 +25,8 @@ from sqlalchemy.engine import Dialect
 
 import awa_sa_schema
 from awa_sa import RetryAfter, statements
-from awa_sa.compiled import Compiled, compiled
-from awa_sa.statements.attempts import MoveItem, item_binds
+from awa_sa.core.compiled import Compiled, compiled
+from awa_sa.settle.statements.attempts import MoveItem, item_binds
 from awa_sa.testing.server import EmbeddedPostgres
 
 KIND = RetryAfter(60.0)

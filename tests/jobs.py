@@ -24,7 +24,7 @@ from awa_sa import (
     Snooze,
     reschedule_canonical_attempt,
 )
-from awa_sa.tables import JOB_STATES
+from awa_sa.tables.canonical import JOB_STATES
 
 QS_TABLES = (
     "deferred_jobs",

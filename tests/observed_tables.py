@@ -19,8 +19,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
-from awa_sa.queue_storage import QS_PLACEHOLDER
-from awa_sa.tables import AWA_SCHEMA, Timestamp
+from awa_sa.tables.canonical import AWA_SCHEMA, Timestamp
+from awa_sa.tables.queue_storage import QS_PLACEHOLDER
 
 metadata = MetaData(schema=AWA_SCHEMA)
 queue_storage_metadata = MetaData(schema=QS_PLACEHOLDER)

@@ -73,8 +73,8 @@ from awa_sa import (
     Snooze,
     reschedule_canonical_attempt,
 )
-from awa_sa.kinds import Kind
-from awa_sa.tables import JOB_STATES
+from awa_sa.settle.results import Kind
+from awa_sa.tables.canonical import JOB_STATES
 
 # --------------------------------------------------------------------------------------------
 # Configuration and records

@@ -21,7 +21,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from awa_sa.errors import ValidationError
+from awa_sa.core.errors import ValidationError
 
 DEFAULT_UNIQUE_STATES = "11111000"
 """Awa's default mask: the key is held while scheduled, available, running, completed, retryable."""

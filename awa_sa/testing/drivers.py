@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from importlib.util import find_spec
 
-from awa_sa.drivers import ASYNC_DRIVERS
+from awa_sa.core.drivers import ASYNC_DRIVERS
 
 
 def installed_async_drivers() -> list[str]:

@@ -18,9 +18,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from awa_sa.errors import ValidationError
-from awa_sa.kinds import CancelledDuplicate, Migrated, Rescheduled
-from awa_sa.queue_storage import (
+from awa_sa.core.errors import ValidationError
+from awa_sa.settle.results import CancelledDuplicate, Migrated, Rescheduled
+from awa_sa.tables.canonical import AWA_SCHEMA, jobs_hot, scheduled_jobs
+from awa_sa.tables.queue_storage import (
     deferred_jobs,
     done_entries,
     lease_claim_batches,
@@ -28,7 +29,6 @@ from awa_sa.queue_storage import (
     receipt_completion_batches,
     translate_map,
 )
-from awa_sa.tables import AWA_SCHEMA, jobs_hot, scheduled_jobs
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,10 +22,10 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB, REGCLASS, array
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from awa_sa import queue_storage as qs
-from awa_sa import tables
-from awa_sa.errors import ValidationError
-from awa_sa.running import RunningAttempt, running_attempts
+from awa_sa.core.errors import ValidationError
+from awa_sa.settle.running import RunningAttempt, running_attempts
+from awa_sa.tables import canonical as tables
+from awa_sa.tables import queue_storage as qs
 from awa_sa.testing.attempts import DEFAULT_DEADLINE_SECS
 from awa_sa.testing.phases import DEFAULT_SCHEMA, set_phase
 

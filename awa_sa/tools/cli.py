@@ -21,7 +21,7 @@ from typing import NoReturn
 import click
 import sqlalchemy as sa
 
-from awa_sa.errors import AwaSAError
+from awa_sa.core.errors import AwaSAError
 from awa_sa.tools import demo as demo_mod
 from awa_sa.tools import listing
 from awa_sa.tools.errors import DemoUnavailable

@@ -23,10 +23,18 @@ from types import ModuleType
 
 import sqlalchemy as sa
 
-from awa_sa import queue_storage as qs
 from awa_sa import reschedule_canonical_attempt
-from awa_sa.kinds import Kind, Outcome, Rescheduled, RetryAfter, RetryBackoff, Snooze, Stale
-from awa_sa.tables import job_unique_claims, jobs_hot
+from awa_sa.settle.results import (
+    Kind,
+    Outcome,
+    Rescheduled,
+    RetryAfter,
+    RetryBackoff,
+    Snooze,
+    Stale,
+)
+from awa_sa.tables import queue_storage as qs
+from awa_sa.tables.canonical import job_unique_claims, jobs_hot
 from awa_sa.testing import locate, running_attempt, set_phase
 from awa_sa.testing.errors import EmbeddedPostgresError
 from awa_sa.testing.server import embedded_postgres

@@ -1,12 +1,12 @@
 """The tools' own errors: what ``awa-sa status`` and ``awa-sa demo`` refuse.
 
-They share the library's root :class:`~awa_sa.errors.AwaSAError`, so the command line turns
+They share the library's root :class:`~awa_sa.core.errors.AwaSAError`, so the command line turns
 any of them into one ``Error:`` line; they live here because the core never raises them.
 """
 
 from __future__ import annotations
 
-from awa_sa.errors import AwaSAError
+from awa_sa.core.errors import AwaSAError
 
 
 class StatusError(AwaSAError):

@@ -21,7 +21,8 @@ from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.elements import ClauseElement
 
-from awa_sa import compiled, statements
+from awa_sa import statements
+from awa_sa.core import compiled
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ dialect is psycopg2's, which renders bind parameters without their casts."""
 def compile_statement(stmt: ClauseElement, schema: str) -> str:
     """The text PostgreSQL receives for *stmt* when routed to queue-storage schema *schema*.
 
-    The library's own compile (:mod:`awa_sa.compiled`), so the listing cannot drift from it.
+    The library's own compile (:mod:`awa_sa.core.compiled`), so the listing cannot drift from it.
     """
     return compiled.compile_statement(stmt, DIALECT, schema).sql
 

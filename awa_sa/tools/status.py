@@ -34,9 +34,15 @@ from datetime import datetime
 
 import sqlalchemy as sa
 
-from awa_sa import queue_storage
-from awa_sa.errors import InvalidSchemaName
-from awa_sa.tables import AWA_SCHEMA, Timestamp, jobs_hot, scheduled_jobs, storage_transition_state
+from awa_sa.core.errors import InvalidSchemaName
+from awa_sa.tables import queue_storage
+from awa_sa.tables.canonical import (
+    AWA_SCHEMA,
+    Timestamp,
+    jobs_hot,
+    scheduled_jobs,
+    storage_transition_state,
+)
 from awa_sa.tools.errors import NotAnAwaCluster, UnsupportedSchemaVersion
 from awa_sa.tools.planes import PLANES, WHAT_AWA_SA_CAN_DO
 

@@ -27,9 +27,9 @@ from sqlalchemy.orm import Session
 import awa_sa
 import awa_sa.asyncio as awa_async
 from awa_sa import JobRow, QueueStorageJobs, RetriedFailed, UniqueConflict, ValidationError
+from awa_sa.core.unique_keys import Unique, to_json, unique_key
 from awa_sa.testing.databases import Databases
 from awa_sa.testing.server import EmbeddedPostgres
-from awa_sa.unique import Unique, to_json, unique_key
 
 SYNC = ("psycopg", "psycopg2", "pg8000")
 ASYNC = ("psycopg_async", "asyncpg")

@@ -28,8 +28,8 @@ from awa_sa import (
     reschedule_canonical_attempt,
     reschedule_canonical_attempts,
 )
-from awa_sa.calls import prepare
-from awa_sa.forms import in_transaction
+from awa_sa.settle.binds import in_transaction
+from awa_sa.settle.inputs import prepare
 
 
 def test_bigint_edges_are_accepted(engine: sa.Engine) -> None:

@@ -26,8 +26,8 @@ from conftest import Cluster, database_url
 from racing import in_thread
 
 import awa_sa_schema
-from awa_sa import runtime_tables
-from awa_sa.tables import jobs_hot, scheduled_jobs
+from awa_sa.tables import runtime as runtime_tables
+from awa_sa.tables.canonical import jobs_hot, scheduled_jobs
 from awa_sa.testing.server import EmbeddedPostgres
 from awa_sa.tools import scratch
 
@@ -157,7 +157,7 @@ FIXTURE_LACKS = re.compile(
     + "|".join(table.name for table in runtime_tables.metadata.tables.values())
     + r")\b"
 )
-"""What a statement may name that only an ``awa migrate`` cluster has (awa_sa.runtime_tables)."""
+"""What a statement may name that only an ``awa migrate`` cluster has (awa_sa.tables.runtime)."""
 
 
 @pytest.mark.parametrize("kind", ["fixture", "real"])

@@ -14,11 +14,13 @@ import sqlalchemy as sa
 from jobs import insert_job
 
 import awa_sa_schema
-from awa_sa import compiled, queue_storage, statements
-from awa_sa.calls import prepare
-from awa_sa.internals import lookup
-from awa_sa.kinds import RetryAfter, Snooze
-from awa_sa.statements.attempts import item_binds
+from awa_sa import statements
+from awa_sa.core import compiled
+from awa_sa.core.internals import lookup
+from awa_sa.settle.inputs import prepare
+from awa_sa.settle.results import RetryAfter, Snooze
+from awa_sa.settle.statements.attempts import item_binds
+from awa_sa.tables import queue_storage
 from awa_sa.tools import listing
 
 
@@ -118,7 +120,7 @@ def test_lean_execution_is_exec_driver_sql_but_its_result(
     """``internals.lean_execute``: the same events, text, parameters, rows and errors as
     ``exec_driver_sql``; only the result differs (the rows, as named tuples). On the public
     path (a private name moved, or AWA_SA_PUBLIC_ONLY=1) it is ``exec_driver_sql`` itself."""
-    from awa_sa.internals import lean_execute  # noqa: PLC0415 -- the internal under test
+    from awa_sa.core.internals import lean_execute  # noqa: PLC0415 -- the internal under test
 
     monkeypatch.setattr(lookup, "PATHS", lookup.look_up(public_only=public))
 

@@ -29,7 +29,7 @@ from jobs import insert_job
 from racing import fingerprint, wait_for
 
 from awa_sa import Attempt, DatabaseError, ReadOnlyTransaction, Rescheduled, Snooze
-from awa_sa.errors import CANNOT_CONNECT
+from awa_sa.core.errors import CANNOT_CONNECT
 from awa_sa.testing.server import EmbeddedPostgres, embedded_postgres
 
 

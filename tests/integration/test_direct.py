@@ -1,4 +1,4 @@
-"""The Engine form's direct path (awa_sa.internals.Direct): what the Connection did, kept.
+"""The Engine form's direct path (awa_sa.core.internals.Direct): what the Connection did, kept.
 
 Where an engine has no listener, echo or execution options, the Engine form's autocommit try
 runs on a pooled connection without a ``Connection`` around it. These tests hold it to what a
@@ -23,8 +23,8 @@ from sqlalchemy.pool import PoolResetState
 
 import awa_sa
 import awa_sa.asyncio as awa_async
-from awa_sa.errors import CONNECTION_LOST
-from awa_sa.internals import (
+from awa_sa.core.errors import CONNECTION_LOST
+from awa_sa.core.internals import (
     Direct,
     autocommit_off,
     autocommit_on,
@@ -103,7 +103,7 @@ async def test_async_drivers_natively_answer_and_fail_as_their_adapters(
     """In autocommit the direct path sends by the async driver's own API, not through
     SQLAlchemy's adapter: the same rows, the same translated error, the connection out of
     autocommit after, and a dead connection invalidated as the adapter's would be
-    (awa_sa.internals.Direct)."""
+    (awa_sa.core.internals.Direct)."""
     engine = create_async_engine(driver_url(db_url, driver), pool_size=1)
     sync = engine.sync_engine
     answer = "SELECT 1 AS one, 'two' AS two"

@@ -25,8 +25,8 @@ MODULES = [
     importlib.import_module(name)
     for name in (
         "awa_sa",
-        "awa_sa.kinds",
-        "awa_sa.reschedule",
+        "awa_sa.settle.results",
+        "awa_sa.settle.api",
         "awa_sa.asyncio",
         "awa_sa.testing.attempts",
         "awa_sa.testing.phases",

@@ -16,7 +16,7 @@ every outcome and every exception type, on the Alembic fixture and on an ``awa m
   that keeps the caller's transaction usable, the canonical conflict that aborts it), the
   AUTOCOMMIT refusal and the canonical statement budget; a raw driver connection, refused;
 * faults: lock timeout (55P03), cancel (57014), serialization failure (40001) and a connection
-  killed under the call (:data:`awa_sa.errors.CONNECTION_LOST`), psycopg 3 included.
+  killed under the call (:data:`awa_sa.core.errors.CONNECTION_LOST`), psycopg 3 included.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ from awa_sa import (
     UniqueConflict,
     ValidationError,
 )
-from awa_sa.errors import CONNECTION_LOST
+from awa_sa.core.errors import CONNECTION_LOST
 from awa_sa.testing.databases import Databases
 from awa_sa.testing.server import EmbeddedPostgres
 

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 import awa_sa
 import awa_sa.asyncio
-from awa_sa.jobs import Options
+from awa_sa.enqueue.new_jobs import Options
 from awa_sa.testing.databases import Databases
 from awa_sa.testing.server import EmbeddedPostgres
 

@@ -4,8 +4,9 @@ Hypothesis draws args (nested objects and arrays, unicode keys and strings with 
 characters and astral code points, integers at and beyond the 64-bit bounds, floats of every
 magnitude, subnormals, negative zero), kinds, queues and unique options. awa-pg 0.6.9's
 ``Client.insert`` writes each job on a real cluster; the key it stored must equal
-:func:`awa_sa.unique.unique_key` over :func:`awa_sa.unique.to_json`, and that text cast to
-``jsonb`` must equal the args it stored. Examples never conflict: each carries its own number.
+:func:`awa_sa.core.unique_keys.unique_key` over :func:`awa_sa.core.unique_keys.to_json`, and that
+text cast to ``jsonb`` must equal the args it stored. Examples never conflict: each carries its own
+number.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from runtimes import pg_url
 
-from awa_sa.unique import Unique, to_json, unique_key
+from awa_sa.core.unique_keys import Unique, to_json, unique_key
 
 SETTINGS = settings(
     max_examples=int(os.environ.get("AWA_SA_HYPOTHESIS_EXAMPLES", "150")),

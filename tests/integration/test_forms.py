@@ -32,10 +32,10 @@ from awa_sa import (
     Stale,
     UniqueConflict,
     ValidationError,
-    compiled,
     reschedule_canonical_attempt,
     reschedule_canonical_attempts,
 )
+from awa_sa.core import compiled
 
 PHASES = [("canonical", Rescheduled), ("mixed_transition", Migrated)]
 

@@ -14,8 +14,8 @@ from conftest import Cluster
 from jobs import canonical_state, insert_job
 
 from awa_sa import Rescheduled, Snooze, Stale
-from awa_sa.calls import prepare
-from awa_sa.forms import in_transaction, within
+from awa_sa.settle.binds import in_transaction, within
+from awa_sa.settle.inputs import prepare
 
 WRONG: dict[str, Any] = {"kind": "other_kind", "queue": "other_queue", "attempt": 9}
 

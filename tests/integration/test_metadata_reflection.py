@@ -11,7 +11,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
-from awa_sa import queue_storage, runtime_tables, tables
+from awa_sa.tables import canonical as tables
+from awa_sa.tables import queue_storage
+from awa_sa.tables import runtime as runtime_tables
 from awa_sa.tools.status import schema_version
 
 CANONICAL = [
@@ -65,7 +67,7 @@ def test_fixture_matches_metadata(engine: sa.Engine, qs_schema: str) -> None:
 
 @pytest.mark.parametrize("qs_schema", ["awa", "awa_qs"])
 def test_real_cluster_matches_metadata(real_engine: sa.Engine, qs_schema: str) -> None:
-    """Also the tables the fixture schema lacks (awa_sa.runtime_tables)."""
+    """Also the tables the fixture schema lacks (awa_sa.tables.runtime)."""
     real_only = runtime_tables.metadata.sorted_tables
     assert_matches(real_engine, {queue_storage.QS_PLACEHOLDER: qs_schema}, real_only)
 

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 import awa_sa.asyncio as awa_async
 from awa_sa import DatabaseError, NotAnAwaDatabase, Snooze, reschedule_canonical_attempt
-from awa_sa.translation import translated
+from awa_sa.core.driver_errors import translated
 
 MESSAGE = r'^\[42P01\] not an Awa v040 database \(relation "awa.storage_transition_state"'
 

@@ -49,16 +49,16 @@ from awa_sa import (
     Snooze,
     Stale,
     UniqueConflict,
-    forms,
     reschedule_canonical_attempt,
     reschedule_canonical_attempts,
     settle_canonical_attempt,
     statements,
 )
-from awa_sa import flow as awa_flow
-from awa_sa.calls import prepare_all
-from awa_sa.compiled import compile_statement
-from awa_sa.statements.attempts import MoveItem, item_binds
+from awa_sa.core.compiled import compile_statement
+from awa_sa.settle import binds as forms
+from awa_sa.settle import flow as awa_flow
+from awa_sa.settle.inputs import prepare_all
+from awa_sa.settle.statements.attempts import MoveItem, item_binds
 
 SCHEMA = "awa_qs"
 

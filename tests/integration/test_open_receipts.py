@@ -28,9 +28,9 @@ from awa_sa import (
     attempt_of,
     running_attempts,
 )
-from awa_sa.compiled import compile_statement, run
-from awa_sa.statements.job_receipts import OPEN_CLAIMS, open_claims
-from awa_sa.statements.listings import Filters, filter_binds, queue_storage_attempts
+from awa_sa.core.compiled import compile_statement, run
+from awa_sa.settle.statements.job_receipts import OPEN_CLAIMS, open_claims
+from awa_sa.settle.statements.listings import Filters, filter_binds, queue_storage_attempts
 
 QS = "awa_qs"
 

@@ -13,8 +13,8 @@ import pytest
 import sqlalchemy as sa
 from conftest import Cluster
 
-from awa_sa import queue_storage as qs
-from awa_sa.tables import jobs_hot, scheduled_jobs
+from awa_sa.tables import queue_storage as qs
+from awa_sa.tables.canonical import jobs_hot, scheduled_jobs
 from awa_sa.tools.errors import NotAnAwaCluster, UnsupportedSchemaVersion
 from awa_sa.tools.planes import WHAT_AWA_SA_CAN_DO, explain
 from awa_sa.tools.status import read_status, read_status_in, schema_version

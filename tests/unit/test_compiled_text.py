@@ -23,7 +23,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import asyncpg, pg8000, psycopg, psycopg2
 
-from awa_sa import compiled, statements
+from awa_sa import statements
+from awa_sa.core import compiled
 
 EXPECTED = Path(__file__).with_name("compiled_statements.json")
 DIALECTS = {

@@ -22,8 +22,9 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import awa_sa
-from awa_sa import Attempt, Snooze, ValidationError, compiled, statements
-from awa_sa.drivers import check_dialect
+from awa_sa import Attempt, Snooze, ValidationError, statements
+from awa_sa.core import compiled
+from awa_sa.core.drivers import check_dialect
 
 # -- binds awa-sa does not support -----------------------------------------------------------
 

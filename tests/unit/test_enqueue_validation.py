@@ -18,8 +18,9 @@ import sqlalchemy as sa
 
 import awa_sa
 from awa_sa import NewJob, ValidationError
-from awa_sa.enqueueing import prepare_batch
-from awa_sa.jobs import batch_of, derive_kind, prepare
+from awa_sa.enqueue.api import prepare_batch
+from awa_sa.enqueue.kind_names import derive_kind
+from awa_sa.enqueue.new_jobs import batch_of, prepare
 
 
 @pytest.fixture

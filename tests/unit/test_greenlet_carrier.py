@@ -2,7 +2,7 @@
 
 SQLAlchemy's ``await_()`` must accept it; a result, an exception, a cancellation and the
 caller's context variables must cross it both ways; concurrent calls must each get their own;
-and an idle one must hold nothing of the call it ran (``awa_sa.internals.run_in_greenlet``).
+and an idle one must hold nothing of the call it ran (``awa_sa.core.internals.run_in_greenlet``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import pytest
 from greenlet import getcurrent
 from sqlalchemy.util.concurrency import await_only, in_greenlet
 
-from awa_sa.internals import greenlet as internals
-from awa_sa.internals import lookup, run_in_greenlet
+from awa_sa.core.internals import greenlet as internals
+from awa_sa.core.internals import lookup, run_in_greenlet
 
 kept = pytest.mark.skipif(
     not lookup.PATHS.kept_greenlet, reason="greenlet_spawn's greenlet, new each call"

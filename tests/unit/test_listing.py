@@ -9,8 +9,8 @@ import pytest
 from command_line import assert_one_line_error, awa_sa_in_process, printed_blocks
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 
-from awa_sa import queue_storage as qs
 from awa_sa import statements
+from awa_sa.tables import queue_storage as qs
 from awa_sa.tools.listing import compile_statement
 
 

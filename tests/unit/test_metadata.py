@@ -9,7 +9,10 @@ from sqlalchemy.sql import visitors
 from sqlalchemy.sql.dml import UpdateBase
 from sqlalchemy.sql.expression import Alias, TableClause
 
-from awa_sa import queue_storage, runtime_tables, statements, tables
+from awa_sa import statements
+from awa_sa.tables import canonical as tables
+from awa_sa.tables import queue_storage
+from awa_sa.tables import runtime as runtime_tables
 
 QS = queue_storage.QS_PLACEHOLDER
 WRITTEN = [

@@ -1,5 +1,5 @@
 """A private name gone: the path that needed it falls back to SQLAlchemy's public API, with one
-warning per process and no error (awa_sa.internals.lookup).
+warning per process and no error (awa_sa.core.internals.lookup).
 
 SQLAlchemy is changed in place (a private method removed, another given a new signature), the
 lookup is run again as it runs at import, and the paths it answers are put in force for the test.
@@ -20,9 +20,15 @@ import sqlalchemy as sa
 from sqlalchemy import Connection, Pool
 from sqlalchemy.dialects import postgresql
 
-from awa_sa import compiled, queue_storage
-from awa_sa.internals import PrivatePathUnavailable, connect_isolation_level, direct_allowed, lookup
-from awa_sa.internals.connecting import UNKNOWN_LEVEL
+from awa_sa.core import compiled
+from awa_sa.core.internals import (
+    PrivatePathUnavailable,
+    connect_isolation_level,
+    direct_allowed,
+    lookup,
+)
+from awa_sa.core.internals.connecting import UNKNOWN_LEVEL
+from awa_sa.tables import queue_storage
 
 
 def _changed_invalidate(self: Pool, record: object) -> None:
@@ -77,7 +83,9 @@ def test_public_only_turns_every_path_off_in_silence(monkeypatch: pytest.MonkeyP
 @pytest.mark.parametrize("value", ["1", "0"])
 def test_the_environment_is_read_at_import(value: str) -> None:
     """``AWA_SA_PUBLIC_ONLY=1`` at import: every path off, and no warning (``-W error``)."""
-    script = "from awa_sa.internals import lookup; print(lookup.PUBLIC_ONLY, lookup.PATHS.direct)"
+    script = (
+        "from awa_sa.core.internals import lookup; print(lookup.PUBLIC_ONLY, lookup.PATHS.direct)"
+    )
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run(
         [sys.executable, "-W", "error", "-c", script],

@@ -1,6 +1,6 @@
 """Every statement builder compiles for PostgreSQL without a database, once per schema.
 
-``awa_sa.compiled`` compiles each statement once per (statement object, dialect, schema) and
+``awa_sa.core.compiled`` compiles each statement once per (statement object, dialect, schema) and
 sends the text, so a builder must hand back the same object every time, carry values only as
 named bind parameters (the text is reused for every call), and leave the queue-storage schema to
 ``schema_translate_map`` (the same object serves every schema).
@@ -16,9 +16,10 @@ from typing import Any, Protocol
 import pytest
 from sqlalchemy.dialects.postgresql import psycopg
 
-from awa_sa import queue_storage, statements
-from awa_sa.statements.migration import Successor
-from awa_sa.tables import CALLBACK_COLUMNS, scheduled_jobs
+from awa_sa import statements
+from awa_sa.settle.statements.migration import Successor
+from awa_sa.tables import queue_storage
+from awa_sa.tables.canonical import CALLBACK_COLUMNS, scheduled_jobs
 
 DIALECT = psycopg.dialect()
 

@@ -15,8 +15,16 @@ from blake3 import blake3
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from awa_sa.errors import ValidationError
-from awa_sa.unique import Unique, encoded, states_bits, to_json, unique_key, unique_of, written
+from awa_sa.core.errors import ValidationError
+from awa_sa.core.unique_keys import (
+    Unique,
+    encoded,
+    states_bits,
+    to_json,
+    unique_key,
+    unique_of,
+    written,
+)
 
 TEXTS = [
     (1.0, "1.0"),

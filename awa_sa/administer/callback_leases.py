@@ -1,0 +1,116 @@
+"""Cancelling and retrying a queue-storage job that waits on a callback (a ``leases`` row).
+
+The flow around :mod:`awa_sa.administer.statements.callback_leases` (docs/administer.md): the lease
+locked and the refusals read while nothing is written, then one statement for a cancel; for a retry
+the claim, the lane steps and the ring cursor first, as for a failed job's retry
+(:mod:`awa_sa.administer.queue_storage`). Both run after the routing lock, in the caller's
+transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import Connection
+
+from awa_sa.administer.statements.callback_leases import (
+    Verb,
+    cancel_lease,
+    lease_claims_retried,
+    lease_target,
+    retry_lease,
+)
+from awa_sa.administer.statements.canonical import JobRow
+from awa_sa.administer.statements.deferred import done_job_fields
+from awa_sa.administer.statements.failed_retry import sharded_queues
+from awa_sa.core.compiled import run
+from awa_sa.core.errors import DatabaseError, QueueStorageJobs, UniqueConflict
+from awa_sa.settle.statements.duplicate import (
+    ENSURE_CLAIM_HEAD,
+    ENSURE_ENQUEUE_HEAD,
+    ENSURE_LANE_ROW,
+    ENSURE_LANE_SEQUENCES,
+    LANE_LOCK,
+    RING_CURSOR,
+    Lane,
+)
+from awa_sa.tables.canonical import JOB_STATES
+from awa_sa.tables.queue_storage import translate_map
+
+
+def ready_ring(conn: Connection, schema: str, lanes: Iterable[tuple[str, int]]) -> Any:
+    """The ring's cursor, once each lane a job goes back to is locked and has the rows
+    awa-pg's enqueue makes for it: where a retried job's ready row goes."""
+    for queue, priority in sorted(set(lanes)):
+        lane = Lane(schema, queue, priority)
+        run(conn, LANE_LOCK, lane)
+        for ensure in (ENSURE_LANE_ROW, ENSURE_ENQUEUE_HEAD, ENSURE_CLAIM_HEAD):
+            run(conn, ensure, lane, schema)
+        run(conn, ENSURE_LANE_SEQUENCES, lane, schema)
+    ring = run(conn, RING_CURSOR, None, schema)
+    if ring is None:
+        raise DatabaseError(f"{schema}.queue_ring_state has no singleton row")
+    return ring
+
+
+def _lease(conn: Connection, schema: str, job_id: int, verb: Verb) -> Any:
+    """The job's lease, locked, or None; refused where awa-sa cannot write it as awa-pg."""
+    options = {"schema_translate_map": translate_map(schema)}
+    lease = conn.execute(
+        lease_target(verb=verb), {"b_job_id": job_id}, execution_options=options
+    ).first()
+    if lease is None:
+        return None
+    if verb == "cancel" and _claims_only_cancelled(lease):
+        why = f"job {job_id}'s unique mask claims cancelled but not its state"
+        raise QueueStorageJobs("cancel_job", schema, why)
+    return lease
+
+
+def _claims_only_cancelled(lease: Any) -> bool:
+    """awa-pg would take the claim for the cancelled row; this cancel does not, so refuses."""
+    mask = lease.unique_states
+    if lease.unique_key is None or mask is None:
+        return False
+    claims = {name: mask[i : i + 1] == "1" for i, name in enumerate(JOB_STATES)}
+    return claims["cancelled"] and not claims[lease.state]
+
+
+def cancelled_lease(conn: Connection, schema: str, job_id: int) -> JobRow | None:
+    """Cancel job *job_id*'s callback wait (or running attempt with a callback registered) as
+    awa-pg does, its handler told by the ``awa:cancel`` NOTIFY; None when it has no lease."""
+    if _lease(conn, schema, job_id, "cancel") is None:
+        return None
+    options = {"schema_translate_map": translate_map(schema)}
+    row = conn.execute(cancel_lease(), {"b_job_id": job_id}, execution_options=options).first()
+    if row is None:  # awa-pg's hydration fails there too; the caller's rollback undoes it
+        raise DatabaseError(f"{schema}.leases row of job {job_id} has no ready row")
+    return JobRow(**done_job_fields(row), storage=schema)
+
+
+def retried_lease(conn: Connection, schema: str, job_id: int) -> JobRow | None:
+    """Retry job *job_id*'s callback wait as awa-pg does: enqueued again, attempt 0, under its
+    own id and run lease; None when it waits on no callback."""
+    lease = _lease(conn, schema, job_id, "retry")
+    if lease is None:
+        return None
+    if conn.execute(sharded_queues(), {"b_queues": [lease.queue]}).first() is not None:
+        why = f"queue {lease.queue!r} has more than one enqueue shard (awa-pg's pick is its own)"
+        raise QueueStorageJobs("retry_job", schema, why)
+    options = {"schema_translate_map": translate_map(schema)}
+    ids = {"b_job_ids": [job_id]}
+    claims = conn.execute(lease_claims_retried(), ids, execution_options=options).one()
+    if claims.taken < claims.wanted:
+        raise UniqueConflict("idx_awa_jobs_unique", "a retried job's unique key is held")
+    ring = ready_ring(conn, schema, [(lease.queue, lease.priority)])
+    at_ring = {
+        "b_job_id": job_id,
+        "b_ready_slot": ring.current_slot,
+        "b_ready_generation": ring.generation,
+    }
+    row = conn.execute(retry_lease(), at_ring, execution_options=options).first()
+    if row is None:
+        raise DatabaseError(f"{schema}.leases row of job {job_id} has no ready row")
+    fields = done_job_fields(row, state="available", finalized_at=None, unique_states=None)
+    return JobRow(**fields, storage=schema)

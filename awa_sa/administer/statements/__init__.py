@@ -1,0 +1,1 @@
+"""The administering statements: pure builders, one module per plane and verb."""

@@ -1,0 +1,89 @@
+"""Pure statement builders: each returns one Core statement and does no I/O.
+
+One module per part of the flow, each statement beside its typed parameters and rows:
+:mod:`~awa_sa.settle.statements.canonical` (the one statement, the routing lock and the move),
+:mod:`~awa_sa.settle.statements.migration` (the queue-storage take, deferred rows and claims) and
+:mod:`~awa_sa.settle.statements.duplicate` (the cancelled duplicate); new jobs go through Awa's own
+producer function (:mod:`~awa_sa.enqueue.statements`). They share the attempts as rows
+(:mod:`~awa_sa.settle.statements.attempts`) and a few SQL pieces (:mod:`~awa_sa.core.sql`).
+
+Every builder is memoised and registered (:mod:`~awa_sa.core.registry`), so one
+statement object per shape exists for the life of the process and :func:`all_builders` -- what
+``awa-sa sql`` lists and the tests compile -- cannot miss one. Values travel only as bind
+parameters, and the queue-storage schema only through ``schema_translate_map`` (see
+:mod:`awa_sa.tables.queue_storage`). Builders take keyword arguments only.
+
+Bind names carry a prefix (``guard_``, ``b_``) because SQLAlchemy reserves a column's own name for
+its VALUES/SET parameter in ``insert()``/``update()``.
+"""
+
+from awa_sa.administer.statements.callback_leases import cancel_lease, retry_lease
+from awa_sa.administer.statements.canonical import (
+    cancel_job_canonical,
+    discard_failed_canonical,
+    retry_failed_canonical,
+    retry_job_canonical,
+)
+from awa_sa.administer.statements.deferred import (
+    cancel_deferred,
+    claims_cancelled_only,
+    deferred_lane,
+)
+from awa_sa.administer.statements.failed_discard import discard_failed_qs
+from awa_sa.administer.statements.failed_retry import retry_done, retry_targets
+from awa_sa.core.registry import all_builders
+from awa_sa.enqueue.statements import insert_jobs, unique_holder
+from awa_sa.settle.statements.canonical import (
+    ROUTING_BODY_MD5,
+    canonical_move,
+    move_if_canonical,
+    routing_lock,
+)
+from awa_sa.settle.statements.duplicate import (
+    LIFECYCLE_DUPLICATE,
+    clock,
+    ensure_lane_head,
+    ensure_lane_row,
+    ensure_lane_sequences,
+    insert_cancelled,
+    lane_lock,
+    ring_cursor,
+)
+from awa_sa.settle.statements.endings import end_attempts
+from awa_sa.settle.statements.job_receipts import open_claims
+from awa_sa.settle.statements.migration import claim_unique_keys, insert_deferred, take_and_allocate
+
+__all__ = [
+    "LIFECYCLE_DUPLICATE",
+    "ROUTING_BODY_MD5",
+    "all_builders",
+    "cancel_deferred",
+    "cancel_job_canonical",
+    "cancel_lease",
+    "canonical_move",
+    "claim_unique_keys",
+    "claims_cancelled_only",
+    "clock",
+    "deferred_lane",
+    "discard_failed_canonical",
+    "discard_failed_qs",
+    "end_attempts",
+    "ensure_lane_head",
+    "ensure_lane_row",
+    "ensure_lane_sequences",
+    "insert_cancelled",
+    "insert_deferred",
+    "insert_jobs",
+    "lane_lock",
+    "move_if_canonical",
+    "open_claims",
+    "retry_done",
+    "retry_failed_canonical",
+    "retry_job_canonical",
+    "retry_lease",
+    "retry_targets",
+    "ring_cursor",
+    "routing_lock",
+    "take_and_allocate",
+    "unique_holder",
+]

@@ -139,7 +139,8 @@ class ClusterStatus:
     queue_storage_schema: str | None
     """The schema being transitioned to (routing target, or the prepared one), if any."""
     queue_storage_installed: bool
-    """Whether ``queue_storage_schema`` has a ``deferred_jobs`` table to count."""
+    """Whether the queue-storage substrate is installed: in ``queue_storage_schema``, or, where
+    no schema is in play, in :data:`DEFAULT_SCHEMA`, where ``awa migrate`` installs it."""
     release_family: str
     """Which awa-cli releases build the schema as found: :data:`PATCHED_FAMILY` or
     :data:`UNPATCHED_FAMILY` (the releases differ in the dirty-mark tables the triggers write)."""
@@ -260,6 +261,10 @@ def _check_version(conn: sa.Connection) -> int:
     return int(version)
 
 
+DEFAULT_SCHEMA = "awa"
+"""The queue-storage schema of a runtime that names none: ``awa migrate`` installs it."""
+
+
 def _target_schema(
     phase: str, routing: str | None, details: Mapping[str, object] | None
 ) -> str | None:
@@ -269,7 +274,7 @@ def _target_schema(
     if phase == "prepared":
         named = (details or {}).get("schema")
         # Blank counts as missing, and awa's own last fallback is the schema 'awa'.
-        return named if isinstance(named, str) and named.strip() else "awa"
+        return named if isinstance(named, str) and named.strip() else DEFAULT_SCHEMA
     return None
 
 
@@ -353,7 +358,9 @@ def read_status_in(conn: sa.Connection) -> ClusterStatus:
     phase = row.state if row is not None else "canonical"
     target = _target_schema(phase, routing, row.details if row is not None else None)
     translate = _translate_or_none(target)
-    installed = translate is not None and _regclass_exists(conn, f"{target}.deferred_jobs")
+    # With no schema in play, the one `awa migrate` installs and a first `auto` runtime
+    # finalizes to.
+    installed = _regclass_exists(conn, f"{target or DEFAULT_SCHEMA}.deferred_jobs")
     deferred: dict[str, int] = {}
     if translate is not None and installed:
         deferred = _counts_by_state(conn, queue_storage.deferred_jobs, translate)

@@ -90,9 +90,10 @@ def check_phase(cluster: Cluster, phase: str) -> None:
     state, epoch, routing = EXPECTED[phase]
     assert (st.phase, st.epoch, st.routing_schema) == (state, epoch, routing), phase
     assert st.schema_version == 40
+    # `awa migrate` installs the substrate in `awa`: installed in every phase.
+    assert st.queue_storage_installed
     if phase in ("prepared", "mixed_transition", "active"):
         assert st.queue_storage_schema == "awa_qs"
-        assert st.queue_storage_installed
     else:
         assert st.queue_storage_schema is None
 

@@ -67,7 +67,7 @@ def test_readme_starts_with_an_install_from_a_checkout() -> None:
     """The package is on no index: the first command a reader copies must work as it stands."""
     assert SHELL[0].splitlines() == [
         "git clone <this repository> awa-sa",
-        "pip install './awa-sa[asyncpg,testing]'",
+        "pip install './awa-sa[async,testing]'",
     ]
 
 

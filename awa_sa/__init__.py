@@ -30,6 +30,7 @@ from awa_sa.administer.api import (
     retry_failed,
     retry_job,
 )
+from awa_sa.administer.queue_control import pause_queue, resume_queue
 from awa_sa.administer.statements.canonical import JobRow
 from awa_sa.core.errors import (
     AmbiguousAttempt,
@@ -131,8 +132,10 @@ __all__ = [
     "discard_failed",
     "enqueue",
     "enqueue_many",
+    "pause_queue",
     "reschedule_canonical_attempt",
     "reschedule_canonical_attempts",
+    "resume_queue",
     "retry_failed",
     "retry_job",
     "running_attempts",

@@ -28,6 +28,7 @@ except ImportError as exc:
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from awa_sa.administer import api as administer
+from awa_sa.administer import queue_control
 from awa_sa.administer.statements.canonical import JobRow
 from awa_sa.core import binds
 from awa_sa.core.driver_errors import translated_error
@@ -52,8 +53,10 @@ __all__ = [
     "discard_failed",
     "enqueue",
     "enqueue_many",
+    "pause_queue",
     "reschedule_canonical_attempt",
     "reschedule_canonical_attempts",
+    "resume_queue",
     "retry_failed",
     "retry_job",
     "running_attempts",
@@ -238,6 +241,18 @@ async def retry_failed(
 async def discard_failed(bind: AsyncEngine | AsyncConnection | AsyncSession, kind: str) -> int:
     """Async :func:`awa_sa.discard_failed`; same arguments, result and errors."""
     return await _administered(bind, administer.discard_failed_step(kind))
+
+
+async def pause_queue(
+    bind: AsyncEngine | AsyncConnection | AsyncSession, queue: str, paused_by: str | None = None
+) -> None:
+    """Async :func:`awa_sa.pause_queue`; same arguments, result and errors."""
+    return await _administered(bind, queue_control.pause_queue_step(queue, paused_by))
+
+
+async def resume_queue(bind: AsyncEngine | AsyncConnection | AsyncSession, queue: str) -> None:
+    """Async :func:`awa_sa.resume_queue`; same arguments, result and errors."""
+    return await _administered(bind, queue_control.resume_queue_step(queue))
 
 
 async def _administered(

@@ -30,6 +30,16 @@ from awa_sa.administer.api import (
     retry_failed,
     retry_job,
 )
+from awa_sa.administer.dead_letters import (
+    DlqEntry,
+    bulk_move_failed_to_dlq,
+    dlq_depth,
+    get_dlq_job,
+    list_dlq,
+    move_failed_to_dlq,
+    purge_dlq,
+    purge_dlq_job,
+)
 from awa_sa.administer.queue_control import pause_queue, resume_queue
 from awa_sa.administer.statements.canonical import JobRow
 from awa_sa.core.errors import (
@@ -96,6 +106,7 @@ __all__ = [
     "Complete",
     "Completed",
     "DatabaseError",
+    "DlqEntry",
     "Duplicate",
     "DuplicateJob",
     "Ending",
@@ -127,12 +138,19 @@ __all__ = [
     "UniqueConflict",
     "ValidationError",
     "attempt_of",
+    "bulk_move_failed_to_dlq",
     "cancel_by_unique_key",
     "cancel_job",
     "discard_failed",
+    "dlq_depth",
     "enqueue",
     "enqueue_many",
+    "get_dlq_job",
+    "list_dlq",
+    "move_failed_to_dlq",
     "pause_queue",
+    "purge_dlq",
+    "purge_dlq_job",
     "reschedule_canonical_attempt",
     "reschedule_canonical_attempts",
     "resume_queue",

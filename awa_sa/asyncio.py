@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, TypeVar, cast
 
@@ -28,7 +28,9 @@ except ImportError as exc:
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from awa_sa.administer import api as administer
+from awa_sa.administer import dead_letters as dlq
 from awa_sa.administer import queue_control
+from awa_sa.administer.dead_letters import DlqEntry
 from awa_sa.administer.statements.canonical import JobRow
 from awa_sa.core import binds
 from awa_sa.core.driver_errors import translated_error
@@ -48,12 +50,19 @@ _T = TypeVar("_T")
 
 __all__ = [
     "attempt_of",
+    "bulk_move_failed_to_dlq",
     "cancel_by_unique_key",
     "cancel_job",
     "discard_failed",
+    "dlq_depth",
     "enqueue",
     "enqueue_many",
+    "get_dlq_job",
+    "list_dlq",
+    "move_failed_to_dlq",
     "pause_queue",
+    "purge_dlq",
+    "purge_dlq_job",
     "reschedule_canonical_attempt",
     "reschedule_canonical_attempts",
     "resume_queue",
@@ -253,6 +262,79 @@ async def pause_queue(
 async def resume_queue(bind: AsyncEngine | AsyncConnection | AsyncSession, queue: str) -> None:
     """Async :func:`awa_sa.resume_queue`; same arguments, result and errors."""
     return await _administered(bind, queue_control.resume_queue_step(queue))
+
+
+async def list_dlq(
+    bind: AsyncEngine | AsyncConnection | AsyncSession,
+    *,
+    kind: str | None = None,
+    queue: str | None = None,
+    tag: str | None = None,
+    before_id: int | None = None,
+    before_dlq_at: datetime | None = None,
+    limit: int = 100,
+) -> list[DlqEntry]:
+    """Async :func:`awa_sa.list_dlq`; same arguments, result and errors."""
+    step = dlq.list_dlq_step(
+        limit, kind=kind, queue=queue, tag=tag, before_id=before_id, before_dlq_at=before_dlq_at
+    )
+    return await _administered(bind, step)
+
+
+async def get_dlq_job(
+    bind: AsyncEngine | AsyncConnection | AsyncSession, job_id: int
+) -> DlqEntry | None:
+    """Async :func:`awa_sa.get_dlq_job`; same arguments, result and errors."""
+    return await _administered(bind, dlq.get_dlq_job_step(job_id))
+
+
+async def dlq_depth(
+    bind: AsyncEngine | AsyncConnection | AsyncSession, *, queue: str | None = None
+) -> int:
+    """Async :func:`awa_sa.dlq_depth`; same arguments, result and errors."""
+    return await _administered(bind, dlq.dlq_depth_step(queue))
+
+
+async def move_failed_to_dlq(
+    bind: AsyncEngine | AsyncConnection | AsyncSession, job_id: int, reason: str
+) -> DlqEntry | None:
+    """Async :func:`awa_sa.move_failed_to_dlq`; same arguments, result and errors."""
+    return await _administered(bind, dlq.move_failed_to_dlq_step(job_id, reason))
+
+
+async def bulk_move_failed_to_dlq(
+    bind: AsyncEngine | AsyncConnection | AsyncSession,
+    *,
+    kind: str | None = None,
+    queue: str | None = None,
+    reason: str = "manual",
+    allow_all: bool = False,
+) -> int:
+    """Async :func:`awa_sa.bulk_move_failed_to_dlq`; same arguments, result and errors."""
+    step = dlq.bulk_move_failed_to_dlq_step(kind, queue, reason, allow_all)
+    return await _administered(bind, step)
+
+
+async def purge_dlq(
+    bind: AsyncEngine | AsyncConnection | AsyncSession,
+    *,
+    kind: str | None = None,
+    queue: str | None = None,
+    tag: str | None = None,
+    before_id: int | None = None,
+    before_dlq_at: datetime | None = None,
+    allow_all: bool = False,
+) -> int:
+    """Async :func:`awa_sa.purge_dlq`; same arguments, result and errors."""
+    step = dlq.purge_dlq_step(
+        allow_all, kind=kind, queue=queue, tag=tag, before_id=before_id, before_dlq_at=before_dlq_at
+    )
+    return await _administered(bind, step)
+
+
+async def purge_dlq_job(bind: AsyncEngine | AsyncConnection | AsyncSession, job_id: int) -> bool:
+    """Async :func:`awa_sa.purge_dlq_job`; same arguments, result and errors."""
+    return await _administered(bind, dlq.purge_dlq_job_step(job_id))
 
 
 async def _administered(

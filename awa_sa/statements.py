@@ -29,6 +29,7 @@ from awa_sa.administer.statements.deferred import (
     claims_cancelled_only,
     deferred_lane,
 )
+from awa_sa.administer.statements.dlq import list_dlq_rows, move_to_dlq, purge_dlq_rows
 from awa_sa.administer.statements.failed_discard import discard_failed_qs
 from awa_sa.administer.statements.failed_retry import retry_done, retry_targets
 from awa_sa.administer.statements.queue_control import pause_queue_meta, resume_queue_meta
@@ -76,9 +77,12 @@ __all__ = [
     "insert_deferred",
     "insert_jobs",
     "lane_lock",
+    "list_dlq_rows",
     "move_if_canonical",
+    "move_to_dlq",
     "open_claims",
     "pause_queue_meta",
+    "purge_dlq_rows",
     "resume_queue_meta",
     "retry_done",
     "retry_failed_canonical",

@@ -42,13 +42,15 @@ WRITTEN = [
     ("DELETE", f"{QS}.leases"),
     ("INSERT", "awa.queue_meta"),
     ("UPDATE", "awa.queue_meta"),
+    ("INSERT", f"{QS}.dlq_entries"),
 ]
 """Each verb and relation the statements write: the canonical move and its claims, the
 endings in place, the queue-storage rows of a migrated or cancelled attempt, and the settle of
 a queue-storage attempt (its closure, its next row, its claim), and the administering of
 canonical jobs (the view's DELETE and INSERT), the cancel of a deferred queue-storage job, and
 the queue-storage retry (a terminal row deleted, the job enqueued again) and discard, and the
-cancel and retry of a callback wait (its lease deleted), and a queue's pause and resume."""
+cancel and retry of a callback wait (its lease deleted), a queue's pause and resume, and a
+failed job filed in the dead-letter queue."""
 
 
 def _writes() -> list[tuple[str, TableClause]]:

@@ -154,8 +154,9 @@ def sharded_queues() -> Select[Any]:
     )
 
 
-def with_ready_columns(rows: Any) -> Select[Any]:
-    """The done rows *rows* with what they share with their ready row, as awa-pg reads them."""
+def with_ready_columns(rows: Any, *clocks: str) -> Select[Any]:
+    """The done rows *rows* with what they share with their ready row, as awa-pg reads them
+    (and the *clocks* named, ``run_at``, ``attempted_at``, where a reader wants them)."""
     ready = qs.ready_entries
     r = ready.c
     lane = ("ready_slot", "ready_generation", "queue", "priority", "enqueue_shard", "lane_seq")
@@ -174,6 +175,7 @@ def with_ready_columns(rows: Any) -> Select[Any]:
         either("unique_key"),
         either("unique_states"),
         either("payload", EMPTY_OBJECT),
+        *(either(name) for name in clocks),
     ).select_from(joined)
 
 

@@ -52,7 +52,7 @@ from awa_sa.settle.statements.duplicate import (
     ring_cursor,
 )
 from awa_sa.settle.statements.endings import end_attempts
-from awa_sa.settle.statements.job_receipts import open_claims
+from awa_sa.settle.statements.job_receipts import claim_of_job, open_claims
 from awa_sa.settle.statements.migration import claim_unique_keys, insert_deferred, take_and_allocate
 
 __all__ = [
@@ -63,6 +63,7 @@ __all__ = [
     "cancel_job_canonical",
     "cancel_lease",
     "canonical_move",
+    "claim_of_job",
     "claim_unique_keys",
     "claims_cancelled_only",
     "clock",

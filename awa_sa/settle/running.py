@@ -32,6 +32,7 @@ The statements are :mod:`awa_sa.settle.statements.listings`'s: built once, every
 from __future__ import annotations
 
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -39,6 +40,7 @@ from sqlalchemy import Connection, Engine
 
 from awa_sa.core.driver_errors import translated
 from awa_sa.core.errors import AmbiguousAttempt, AttemptNotFound, ValidationError
+from awa_sa.settle.statements.job_receipts import LOOKUP_BINDS, claim_of_job
 from awa_sa.settle.statements.listings import (
     CanonicalListing,
     Filters,
@@ -89,6 +91,9 @@ class RunningAttempt:
     receipt_id: int | None = None
     claim_batch_id: int | None = None
     claim_batch_index: int | None = None
+    _ready_slot: int | None = dataclass_field(default=None, repr=False, compare=False)
+    """Private: the receipt's ready slot, where :func:`attempt_of` found it, so that the settle
+    reads only that slot's partitions; None otherwise (the settle then finds it itself)."""
 
     @property
     def on_queue_storage(self) -> bool:
@@ -115,15 +120,26 @@ def _attempt(row: Listed, storage: str) -> RunningAttempt:
     return RunningAttempt(storage=storage, **row._asdict())
 
 
-def _read(conn: Connection, filters: Filters, *, own: bool) -> list[RunningAttempt]:
+def _read(
+    conn: Connection, filters: Filters, *, own: bool, job: bool = False
+) -> list[RunningAttempt]:
     # Core execution, not awa_sa.core.compiled: these reads want SQLAlchemy's result processing
-    # (JSON args, intervals) alike on every driver, and run once per listing, not per settle.
+    # (JSON args, intervals) alike on every driver.
     binds = filter_binds(filters)
     listing = CanonicalListing.read(conn.execute(canonical_attempts(), binds).all())
     found = [_attempt(row, CANONICAL) for row in listing.attempts]
     if listing.routing is None:
         return found
     options = {"schema_translate_map": translate_map(listing.routing)}
+    if job:
+        # attempt_of: the job's open lease_claims receipt by its identity first (a plan of few
+        # partitions, flat with history); a compact or materialised receipt, or none, by the
+        # listing below, as before.
+        lookup = {name: binds[f"f_{name[2:]}"] for name in LOOKUP_BINDS}
+        rows = conn.execute(claim_of_job(), lookup, execution_options=options).all()
+        if rows:
+            found += [_claim(row, listing.routing) for row in rows]
+            return _ordered(found, filters)
     if own and filters.job_id is None:
         # In our own transaction only: the estimate of listing every receipt is large enough
         # for PostgreSQL to JIT-compile the plan, a third of a second on a fresh cluster.
@@ -131,16 +147,27 @@ def _read(conn: Connection, filters: Filters, *, own: bool) -> list[RunningAttem
     statement = queue_storage_attempts(by_job=filters.job_id is not None)
     receipts = listed(conn.execute(statement, binds, execution_options=options).all())
     found += [_attempt(row, listing.routing) for row in receipts]
+    return _ordered(found, filters)
+
+
+def _claim(row: Any, storage: str) -> RunningAttempt:
+    fields = {name: getattr(row, name) for name in Listed._fields}
+    return RunningAttempt(storage=storage, **fields, _ready_slot=row.ready_slot)
+
+
+def _ordered(found: list[RunningAttempt], filters: Filters) -> list[RunningAttempt]:
     found.sort(key=lambda a: (a.attempted_at, a.job_id, a.on_queue_storage))
     return found if filters.limit is None else found[: filters.limit]
 
 
-def _list(bind: Engine | Connection, filters: Filters) -> list[RunningAttempt]:
+def _list(
+    bind: Engine | Connection, filters: Filters, *, job: bool = False
+) -> list[RunningAttempt]:
     with translated():
         if isinstance(bind, Engine):
             with bind.connect() as conn:
-                return _read(conn, filters, own=True)
-        return _read(bind, filters, own=False)
+                return _read(conn, filters, own=True, job=job)
+        return _read(bind, filters, own=False, job=job)
 
 
 def running_attempts(
@@ -216,11 +243,17 @@ def attempt_of(bind: Engine | Connection, job: JobLike | Any) -> RunningAttempt:
 
     Raises :class:`AttemptNotFound` when nothing running matches (the claim was settled,
     rescued or re-claimed since), :class:`AmbiguousAttempt` when more than one does, and
-    :class:`ValidationError` for a job lacking those attributes. The statements and round
-    trips are :func:`running_attempts`'s. From async code: :func:`awa_sa.asyncio.attempt_of`.
+    :class:`ValidationError` for a job lacking those attributes. Round trips are
+    :func:`running_attempts`'s; on queue storage the second is a lookup of the job's open
+    ``lease_claims`` receipt by its whole identity, whose plan reads only the receipt's own
+    slots and stays flat as finished jobs accumulate (``claim_of_job``: closed as the runtime's
+    fast completion fences it, by ``closed_at``, a closure or a closure batch; the settle checks
+    every kind of evidence again under the receipt's lock). A compact or materialised receipt,
+    or none, is then read as :func:`running_attempts` reads it, in a third. From async code:
+    :func:`awa_sa.asyncio.attempt_of`.
     """
     filters = _identity(job)
-    found = _list(bind, filters)
+    found = _list(bind, filters, job=True)
     assert filters.job_id is not None  # _identity sets both
     assert filters.attempt is not None
     if not found:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -29,7 +30,7 @@ from awa_sa import (
     running_attempts,
 )
 from awa_sa.core.compiled import compile_statement, run
-from awa_sa.settle.statements.job_receipts import OPEN_CLAIMS, open_claims
+from awa_sa.settle.statements.job_receipts import OPEN_CLAIMS, claim_of_job, open_claims
 from awa_sa.settle.statements.listings import Filters, filter_binds, queue_storage_attempts
 
 QS = "awa_qs"
@@ -378,3 +379,75 @@ def test_one_jobs_reads_are_estimated_under_the_jit_threshold(mixed: sa.Engine) 
             costs[name] = plan[0]["Plan"]["Total Cost"]
     assert max(costs[n] for n in ("one pair", "pairs", "attempt_of")) < threshold, costs
     assert costs["every receipt"] > threshold, costs
+
+
+def _lookup_plan(conn: sa.Connection, job: SimpleNamespace) -> dict[str, Any]:
+    """``attempt_of``'s lookup as PostgreSQL runs it, generic plan (what a pooled connection
+    keeps), for *job*: its root node."""
+    text = compile_statement(claim_of_job(), conn.dialect, QS)
+    binds = {
+        "b_job_id": job.id,
+        "b_attempt": job.attempt,
+        "b_queue": job.queue,
+        "b_kind": job.kind,
+        "b_created_at": job.created_at,
+    }
+    conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_generic_plan")
+    [[plan]] = conn.exec_driver_sql(
+        f"EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) {text.sql}", binds
+    ).all()
+    root: dict[str, Any] = plan[0]["Plan"]
+    return root
+
+
+def _scanned(node: dict[str, Any]) -> list[tuple[str, int]]:
+    """Every relation a plan node (and its children) reads, with the rows its scans filtered
+    out, counting only the nodes that ran."""
+    found = []
+    if "Relation Name" in node and node.get("Actual Loops", 0) > 0:
+        found.append((node["Relation Name"], int(node.get("Rows Removed by Filter", 0))))
+    for child in node.get("Plans", []):
+        found += _scanned(child)
+    return found
+
+
+def test_attempt_of_reads_only_its_receipts_partitions_flat_with_history(mixed: sa.Engine) -> None:
+    """``attempt_of``'s lookup on queue storage (``claim_of_job``) reads one partition of each
+    evidence table and of ``ready_entries`` (the receipt's slots, pruned as it runs) and no row
+    of another job's, however many finished receipts the schema holds."""
+    with mixed.begin() as conn:
+        created = ready(conn, 1, 1)
+        row_receipt(conn, 1, 1)
+    job = SimpleNamespace(id=1, attempt=1, kind="mail", queue="mail", created_at=created)
+    found = attempt_of(mixed, job)
+    assert (found.storage, found.job_id, found._ready_slot) == (QS, 1, 0)
+    [listed_] = running_attempts(mixed, job_id=1)
+    clock = dt.timedelta(0)
+    assert replace(found, running_for=clock) == replace(listed_, running_for=clock)
+    plans = []
+    for history in (0, 300):
+        with mixed.begin() as conn:
+            for job_id in range(2 + history - 300 * (history > 0), 2 + history):
+                ready(conn, job_id, job_id)
+                receipt = row_receipt(conn, job_id, job_id)
+                conn.execute(
+                    sa.text(EVIDENCE["closure"] if job_id % 2 else EVIDENCE["closure batch"]),
+                    {"job_id": job_id, "lane_seq": job_id, "receipt": receipt},
+                )
+            conn.exec_driver_sql(f"ANALYZE {QS}.lease_claims")
+        with mixed.begin() as conn:
+            plans.append(_scanned(_lookup_plan(conn, job)))
+        assert attempt_of(mixed, job).receipt_id == found.receipt_id
+    before, after = plans
+    assert sorted(name for name, _ in before) == sorted(name for name, _ in after)
+    assert all(removed == 0 for _, removed in after), after
+    # the job's claims in each claim slot, and one partition each of the rest
+    read = [name for name, _ in after]
+    assert len([n for n in read if not n.startswith("lease_claims_")]) <= 4, read
+    assert {n.rstrip("0123456789").rstrip("_") for n in read} <= {
+        "lease_claims",
+        "ready_entries",
+        "lease_claim_closures",
+        "lease_claim_closure_batches",
+        "attempt_state",
+    }, read

@@ -26,10 +26,13 @@ from sqlalchemy import (
     Boolean,
     Integer,
     Select,
+    SmallInteger,
+    Text,
     and_,
     bindparam,
     cast,
     exists,
+    func,
     literal_column,
     or_,
     select,
@@ -42,8 +45,14 @@ from sqlalchemy.sql.selectable import FromClause
 
 from awa_sa.core.registry import Query, statement
 from awa_sa.core.sql import bound_rows, rows_as_binds
-from awa_sa.settle.statements.receipts import SETTLED_BY, batch_items, heartbeat, no_value, ready_of
-from awa_sa.tables.canonical import jobs_hot
+from awa_sa.settle.statements.receipts import (
+    SETTLED_BY,
+    batch_items,
+    heartbeat,
+    no_value,
+    ready_of,
+)
+from awa_sa.tables.canonical import Timestamp, jobs_hot
 from awa_sa.tables.queue_storage import (
     lease_claim_batches,
     lease_claim_closure_batches,
@@ -252,3 +261,108 @@ OPEN_CLAIMS: Query[Sequence[Pair], dict[tuple[int, int], bool]] = Query(
     lambda rows: {(row.job_id, row.run_lease): bool(row.canonical_too) for row in rows},
 )
 """The asked pairs an open claim of the schema holds: pair -> whether canonical has it too."""
+
+
+LOOKUP_BINDS = ("b_job_id", "b_attempt", "b_queue", "b_kind", "b_created_at")
+"""The binds of :func:`claim_of_job`: the job's identity, every part of it required."""
+
+
+@statement
+def claim_of_job() -> Select[Any]:
+    """``attempt_of``'s lookup on queue storage: the job's open ``lease_claims`` receipt, found
+    by the job's identity alone (id, attempt and queue on the receipt, kind and ``created_at`` on
+    its ``ready_entries`` row), each column of :data:`~awa_sa.settle.statements.receipts.COLUMNS`,
+    ``running_for``, and the receipt's ``ready_slot``, which the settle binds so that PostgreSQL
+    reads only that slot's partitions.
+
+    The receipt is open as the runtime's own fast completion fences it: no ``closed_at``, no
+    closure row and no closure batch holding its ``receipt_id``, both looked up in the receipt's
+    claim slot only (the runtime's non-success paths write a closure before they move a job to
+    ``done_entries``, ``deferred_jobs`` or the DLQ, so those ledgers are not probed here; the
+    settle checks every kind again under the receipt's lock and answers ``Stale``). A receipt a
+    callback wait materialised (``materialized_at``) and a compact receipt are not found here:
+    ``attempt_of`` then reads :func:`receipts_of`'s listing, as before.
+
+    Every parameter is required and compared for equality, so PostgreSQL's generic plan costs
+    what a custom one does and is kept; the claim slot and ready slot come from the receipt row,
+    so each evidence table and ``ready_entries`` is probed in one partition only (run-time
+    pruning), and nothing read grows with the cluster's finished jobs.
+    """
+    c = lease_claims.alias("claim")
+    r = ready_entries.alias("ready_row")
+    one: ColumnElement[Any] = literal_column("1")
+    closures = lease_claim_closures.alias("closure")
+    ranges = lease_claim_closure_batches.alias("closed")
+    types: tuple[Any, ...] = (BigInteger, SmallInteger, Text, Text, Timestamp)
+    job, attempt, queue, kind, created_at = (
+        cast(bindparam(name, type_=type_), type_)
+        for name, type_ in zip(LOOKUP_BINDS, types, strict=True)
+    )
+    # OFFSET 0: PostgreSQL keeps each NOT EXISTS a subplan probed with the receipt's own claim
+    # slot (one partition, pruned as it runs) rather than an anti-join it may hash over every
+    # partition's rows of the job.
+    closure = (
+        select(one)
+        .where(
+            closures.c.claim_slot == c.c.claim_slot,
+            closures.c.job_id == c.c.job_id,
+            closures.c.run_lease == c.c.run_lease,
+        )
+        .offset(literal_column("0"))
+    )
+    closure_batch = (
+        select(one)
+        .where(
+            ranges.c.claim_slot == c.c.claim_slot,
+            ranges.c.receipt_ranges.op("@>", return_type=Boolean)(c.c.receipt_id),
+        )
+        .offset(literal_column("0"))
+    )
+    # Its ready row as a lateral subquery (LIMIT 1: never pulled up into a join the planner could
+    # hash over every ``ready_entries`` partition): probed by the receipt's slot and lane place.
+    ready = (
+        select(r.c.kind, r.c.args, r.c.created_at)
+        .where(
+            r.c.ready_slot == c.c.ready_slot,
+            r.c.ready_generation == c.c.ready_generation,
+            r.c.queue == c.c.queue,
+            r.c.enqueue_shard == c.c.enqueue_shard,
+            r.c.lane_seq == c.c.lane_seq,
+            r.c.job_id == c.c.job_id,
+        )
+        .limit(literal_column("1"))
+        .lateral("ready")
+    )
+    return (
+        select(
+            c.c.job_id,
+            c.c.run_lease,
+            ready.c.kind,
+            c.c.queue,
+            ready.c.args,
+            ready.c.created_at,
+            c.c.attempt,
+            c.c.max_attempts,
+            c.c.claimed_at.label("attempted_at"),
+            heartbeat(c.c.job_id, c.c.run_lease, c.c.claimed_at),
+            c.c.deadline_at,
+            c.c.claim_slot,
+            c.c.receipt_id,
+            no_value("claim_batch_id", BigInteger),
+            no_value("claim_batch_index", Integer),
+            (func.now() - c.c.claimed_at).label("running_for"),
+            c.c.ready_slot,
+        )
+        .select_from(c.join(ready, true()))
+        .where(
+            c.c.job_id == job,
+            c.c.attempt == attempt,
+            c.c.queue == queue,
+            c.c.closed_at.is_(None),
+            c.c.materialized_at.is_(None),
+            ready.c.kind == kind,
+            ready.c.created_at == created_at,
+            ~exists(closure),
+            ~exists(closure_batch),
+        )
+    )

@@ -34,6 +34,7 @@ from awa_sa.administer.statements.failed_discard import discard_failed_qs
 from awa_sa.administer.statements.failed_retry import retry_done, retry_targets
 from awa_sa.administer.statements.queue_control import pause_queue_meta, resume_queue_meta
 from awa_sa.core.registry import all_builders
+from awa_sa.enqueue.bulk import bulk_lanes, bulk_routing, bulk_write
 from awa_sa.enqueue.statements import insert_jobs, unique_holder
 from awa_sa.settle.statements.canonical import (
     ROUTING_BODY_MD5,
@@ -59,6 +60,9 @@ __all__ = [
     "LIFECYCLE_DUPLICATE",
     "ROUTING_BODY_MD5",
     "all_builders",
+    "bulk_lanes",
+    "bulk_routing",
+    "bulk_write",
     "cancel_deferred",
     "cancel_job_canonical",
     "cancel_lease",

@@ -35,6 +35,7 @@ from awa_sa.core.errors import (
     ValidationError,
 )
 from awa_sa.core.unique_keys import Unique
+from awa_sa.enqueue.bulk_flow import set_based
 from awa_sa.enqueue.new_jobs import (
     Duplicate,
     EnqueuedJob,
@@ -139,7 +140,7 @@ def enqueue_many(
     batch returns ``[]`` without touching the database.
     """
     check_bind(bind)
-    prepared = prepare_batch(jobs, on_duplicate, options)
+    prepared = prepare_batch(jobs, on_duplicate, options)._replace(many=True)
     return within(bind, prepared, on_duplicate) if prepared.jobs else []
 
 
@@ -235,6 +236,9 @@ def in_transaction(
 def _insert(
     conn: Connection, batch: Batch, on_duplicate: OnDuplicate, guard: bool
 ) -> list[EnqueuedJob | Duplicate]:
+    done = set_based(conn, batch, on_duplicate, guard)
+    if done is not None:
+        return done
     jobs = batch.jobs
     if all(job.unique_key is None for job in jobs):
         return [*enqueued(jobs, run(conn, INSERT_JOBS, batch))]

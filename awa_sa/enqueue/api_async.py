@@ -91,7 +91,7 @@ async def enqueue_many(
 ) -> list[EnqueuedJob] | list[EnqueuedJob | Duplicate]:
     """Async :func:`awa_sa.enqueue_many`; same arguments, rows and errors."""
     _check_bind(bind)
-    prepared = prepare_batch(jobs, on_duplicate, options)
+    prepared = prepare_batch(jobs, on_duplicate, options)._replace(many=True)
     return await _within(bind, prepared, on_duplicate) if prepared.jobs else []
 
 

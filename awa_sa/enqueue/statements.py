@@ -104,6 +104,9 @@ class Batch(NamedTuple):
     jobs: Sequence[JobValues]
     text: str | None
     shape: Shape = "one"
+    many: bool = False
+    """From ``enqueue_many``: where routing allows, written as awa-pg's ``enqueue_many_copy``
+    writes it (:mod:`awa_sa.enqueue.bulk`), whatever its size."""
 
 
 _FIELDS = tuple(
@@ -158,7 +161,7 @@ def element(job: JobValues) -> dict[str, Any]:
     return out
 
 
-def _given(shape: Shape) -> tuple[Any, list[ColumnElement[Any]], ColumnElement[Any] | None]:
+def bound_jobs(shape: Shape) -> tuple[Any, list[ColumnElement[Any]], ColumnElement[Any] | None]:
     """The bound jobs as rows, the function's arguments from them, and their order (None for
     one job)."""
     if shape == "objects":
@@ -229,7 +232,7 @@ def _hex(value: ColumnElement[Any]) -> ColumnElement[Any]:
 @statement
 def insert_jobs(*, shape: Shape) -> Select[Any]:
     """``awa.insert_job_compat`` once per bound job, its rows in input order."""
-    given, arguments, position = _given(shape)
+    given, arguments, position = bound_jobs(shape)
     job = (
         func.awa.insert_job_compat(*arguments)
         .table_valued(
@@ -266,7 +269,7 @@ def args_array(payloads: list[Any]) -> str:
     return _ENCODE(payloads)
 
 
-def _binds(batch: Batch) -> Mapping[str, Any]:
+def insert_binds(batch: Batch) -> Mapping[str, Any]:
     if batch.shape == "objects":
         return {_BATCH: batch.text}
     job = batch.jobs[0]
@@ -280,7 +283,7 @@ def _binds(batch: Batch) -> Mapping[str, Any]:
 
 INSERT_JOBS: Query[Batch, Rows] = Query(
     shape=lambda batch: insert_jobs(shape=batch.shape),
-    binds=_binds,
+    binds=insert_binds,
     read=lambda rows: rows,
     by_position=True,
 )

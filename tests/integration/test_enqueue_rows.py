@@ -6,7 +6,8 @@ an ``EnqueuedJob`` is what awa-sa sent. On each plane, for one job at a time and
 every field is compared here with what the tables hold, value and type, with tags that a
 ``text[]`` literal must quote (quotes, backslashes, braces, commas, spaces, the word NULL, the
 empty string, non-ASCII) and JSON whose stored form differs from the text sent (exponents,
-integers beyond 64 bits, negative zero).
+integers beyond 64 bits, negative zero). On queue storage a batch's payload leaves out empty
+metadata (awa-pg's ``enqueue_many_copy`` stores none), which Awa's runtime reads as ``{}``.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ _COLUMNS = (
 _QS = _COLUMNS.format(
     id="job_id AS id",
     state="{state}",
-    metadata="(payload -> 'metadata')",
+    metadata="COALESCE(payload -> 'metadata', '{{}}')",
     tags="ARRAY(SELECT jsonb_array_elements_text(payload -> 'tags'))",
 )
 STORED = {

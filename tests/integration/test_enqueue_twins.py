@@ -35,6 +35,19 @@ def pair(
     yield from twins(pg, clone_database, real_template, request.param)
 
 
+@pytest.fixture(params=["canonical", "prepared"])
+def unrouted(
+    request: pytest.FixtureRequest,
+    pg: EmbeddedPostgres,
+    clone_database: Callable[[str], str],
+    real_template: str,
+) -> Iterator[Twins]:
+    """Twins where routing is canonical: a batch goes to the producer function. Once routing
+    points at queue storage a batch is written as ``enqueue_many_copy`` writes it
+    (test_enqueue_bulk_twins.py)."""
+    yield from twins(pg, clone_database, real_template, request.param)
+
+
 def _awa_pg_insert(url: str) -> list[tuple[int, str, str]]:
     client = awa.Client(pg_url(url))
     try:
@@ -71,15 +84,17 @@ def test_rows_and_notifies_are_awa_pgs(pair: Twins) -> None:
             assert row.run_at == options["run_at"] == _as_utc(run_at)
 
 
-def test_a_batch_writes_what_one_by_one_writes(pair: Twins) -> None:
-    """One statement for the batch, the same rows as single enqueues (and as awa-pg's)."""
+def test_a_batch_writes_what_one_by_one_writes(unrouted: Twins) -> None:
+    """One statement for the batch after the routing read, the same rows as single enqueues
+    (and as awa-pg's)."""
+    pair = unrouted
     statements: list[str] = []
     engine = pair.awa_sa.engine
     sa.event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
     jobs = [awa_sa.NewJob(args, **options) for args, options in JOBS]
     rows = awa_sa.enqueue_many(engine, jobs)
-    assert len(statements) == 1  # the Engine form: no savepoint, nothing else
-    assert "insert_job_compat" in statements[0]
+    assert len(statements) == 2  # the Engine form: the routing read, no savepoint
+    assert "insert_job_compat" in statements[1]
     _awa_pg_insert(pair.awa_pg.url)
     assert snapshot(engine) == snapshot(pair.awa_pg.engine)
     assert [r.id for r in rows] == sorted(r.id for r in rows)
@@ -112,7 +127,8 @@ BULK: list[tuple[list[Any], dict[str, Any], str]] = [
 the batch shape awa-sa sends each as."""
 
 
-def test_a_batch_of_args_writes_what_insert_many_copy_writes(pair: Twins) -> None:
+def test_a_batch_of_args_writes_what_insert_many_copy_writes(unrouted: Twins) -> None:
+    pair = unrouted
     client = awa.Client(pg_url(pair.awa_pg.url))
     try:
         with listening(pair.awa_pg.url, CHANNELS) as theirs:
@@ -131,6 +147,7 @@ def test_a_batch_of_args_writes_what_insert_many_copy_writes(pair: Twins) -> Non
     assert [[r.id for r in batch] for batch in rows] == [[j.id for j in jobs] for jobs in made]
     assert [[r.kind for r in batch] for batch in rows] == [[j.kind for j in jobs] for jobs in made]
     shared = [n for n, (_, _, shape) in enumerate(BULK) if shape == "shared"]
-    assert ["jsonb_array_elements" in statements[n] for n in range(len(BULK))] == [
+    inserts = statements[1::2]  # each after its routing read
+    assert ["jsonb_array_elements" in inserts[n] for n in range(len(BULK))] == [
         n in shared for n in range(len(BULK))
     ]

@@ -45,7 +45,6 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from awa_sa.core.internals import SchemaTranslatedFunction
 from awa_sa.core.registry import statement
 from awa_sa.core.sql import EMPTY_OBJECT, SHARD0, distinct_on, state
 from awa_sa.settle.statements.duplicate import counter_bucket
@@ -56,15 +55,6 @@ from awa_sa.tables.runtime import queue_meta, queue_terminal_rollups, ready_segm
 
 By = Literal["job", "kind", "queue"]
 RETRIABLE = ("failed", "cancelled")
-
-
-class reserve_enqueue_seq(SchemaTranslatedFunction):
-    """``S.reserve_enqueue_seq(queue, priority, shard, count)``: the first of *count* lane
-    sequence numbers, reserved under a transaction-scoped lock on the lane."""
-
-    inherit_cache = True
-    name = "reserve_enqueue_seq"
-    schema = qs.QS_PLACEHOLDER
 
 
 def _ids() -> ColumnElement[Any]:
@@ -326,7 +316,7 @@ def enqueued_again(proj: CTE) -> tuple[CTE, list[CTE], Any]:
         proj.c.queue, proj.c.priority
     )
     lanes_cte = lanes.cte("lanes")
-    first = reserve_enqueue_seq(lanes_cte.c.queue, lanes_cte.c.priority, SHARD0, lanes_cte.c.n)
+    first = qs.reserve_enqueue_seq(lanes_cte.c.queue, lanes_cte.c.priority, SHARD0, lanes_cte.c.n)
     reserved = (
         select(lanes_cte.c.queue, lanes_cte.c.priority, cast(first, BigInteger).label("first_seq"))
         .cte("reserved")

@@ -30,7 +30,6 @@ from awa_sa.administer.api import (
     retry_failed,
     retry_job,
 )
-from awa_sa.administer.statements.canonical import JobRow
 from awa_sa.core.errors import (
     AmbiguousAttempt,
     AttemptNotFound,
@@ -47,9 +46,11 @@ from awa_sa.core.errors import (
     UniqueConflict,
     ValidationError,
 )
+from awa_sa.core.job_rows import JobRow
 from awa_sa.core.unique_keys import Unique
 from awa_sa.enqueue.api import enqueue, enqueue_many
 from awa_sa.enqueue.new_jobs import Duplicate, EnqueuedJob, NewJob
+from awa_sa.read.api import get_job, jobs_view
 from awa_sa.settle.api import (
     reschedule_canonical_attempt,
     reschedule_canonical_attempts,
@@ -131,6 +132,8 @@ __all__ = [
     "discard_failed",
     "enqueue",
     "enqueue_many",
+    "get_job",
+    "jobs_view",
     "reschedule_canonical_attempt",
     "reschedule_canonical_attempts",
     "retry_failed",

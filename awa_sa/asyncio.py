@@ -28,13 +28,14 @@ except ImportError as exc:
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from awa_sa.administer import api as administer
-from awa_sa.administer.statements.canonical import JobRow
 from awa_sa.core import binds
 from awa_sa.core.driver_errors import translated_error
 from awa_sa.core.drivers import check_dialect
 from awa_sa.core.errors import ValidationError
 from awa_sa.core.internals import run_in_greenlet
+from awa_sa.core.job_rows import JobRow
 from awa_sa.enqueue.api_async import enqueue, enqueue_many
+from awa_sa.read import api as reads
 from awa_sa.settle import binds as forms
 from awa_sa.settle.api import settling, settlings
 from awa_sa.settle.inputs import AnyCall, prepare, prepare_all, prepare_batch, prepare_result
@@ -52,6 +53,7 @@ __all__ = [
     "discard_failed",
     "enqueue",
     "enqueue_many",
+    "get_job",
     "reschedule_canonical_attempt",
     "reschedule_canonical_attempts",
     "retry_failed",
@@ -238,6 +240,13 @@ async def retry_failed(
 async def discard_failed(bind: AsyncEngine | AsyncConnection | AsyncSession, kind: str) -> int:
     """Async :func:`awa_sa.discard_failed`; same arguments, result and errors."""
     return await _administered(bind, administer.discard_failed_step(kind))
+
+
+async def get_job(bind: AsyncEngine | AsyncConnection | AsyncSession, job_id: int) -> JobRow | None:
+    """Async :func:`awa_sa.get_job`; same arguments, result and errors. An ``AsyncConnection``
+    or ``AsyncSession`` reads in its transaction."""
+    _check_bind(bind)
+    return await _on_sync(bind, reads.read, reads.get_job_step(job_id))
 
 
 async def _administered(

@@ -33,6 +33,7 @@ from awa_sa.administer.statements.failed_discard import discard_failed_qs
 from awa_sa.administer.statements.failed_retry import retry_done, retry_targets
 from awa_sa.core.registry import all_builders
 from awa_sa.enqueue.statements import insert_jobs, unique_holder
+from awa_sa.read.statements.lookups import read_job, read_routing
 from awa_sa.settle.statements.canonical import (
     ROUTING_BODY_MD5,
     canonical_move,
@@ -77,6 +78,8 @@ __all__ = [
     "lane_lock",
     "move_if_canonical",
     "open_claims",
+    "read_job",
+    "read_routing",
     "retry_done",
     "retry_failed_canonical",
     "retry_job_canonical",

@@ -41,7 +41,6 @@ from awa_sa.administer.dead_letters import (
     purge_dlq_job,
 )
 from awa_sa.administer.queue_control import pause_queue, resume_queue
-from awa_sa.administer.statements.canonical import JobRow
 from awa_sa.core.errors import (
     AmbiguousAttempt,
     AttemptNotFound,
@@ -58,9 +57,11 @@ from awa_sa.core.errors import (
     UniqueConflict,
     ValidationError,
 )
+from awa_sa.core.job_rows import JobRow
 from awa_sa.core.unique_keys import Unique
 from awa_sa.enqueue.api import enqueue, enqueue_many
 from awa_sa.enqueue.new_jobs import Duplicate, EnqueuedJob, NewJob
+from awa_sa.read.api import get_job, jobs_view
 from awa_sa.settle.api import (
     reschedule_canonical_attempt,
     reschedule_canonical_attempts,
@@ -146,6 +147,8 @@ __all__ = [
     "enqueue",
     "enqueue_many",
     "get_dlq_job",
+    "get_job",
+    "jobs_view",
     "list_dlq",
     "move_failed_to_dlq",
     "pause_queue",

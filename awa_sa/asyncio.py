@@ -31,13 +31,14 @@ from awa_sa.administer import api as administer
 from awa_sa.administer import dead_letters as dlq
 from awa_sa.administer import queue_control
 from awa_sa.administer.dead_letters import DlqEntry
-from awa_sa.administer.statements.canonical import JobRow
 from awa_sa.core import binds
 from awa_sa.core.driver_errors import translated_error
 from awa_sa.core.drivers import check_dialect
 from awa_sa.core.errors import ValidationError
 from awa_sa.core.internals import run_in_greenlet
+from awa_sa.core.job_rows import JobRow
 from awa_sa.enqueue.api_async import enqueue, enqueue_many
+from awa_sa.read import api as reads
 from awa_sa.settle import binds as forms
 from awa_sa.settle.api import settling, settlings
 from awa_sa.settle.inputs import AnyCall, prepare, prepare_all, prepare_batch, prepare_result
@@ -58,6 +59,7 @@ __all__ = [
     "enqueue",
     "enqueue_many",
     "get_dlq_job",
+    "get_job",
     "list_dlq",
     "move_failed_to_dlq",
     "pause_queue",
@@ -335,6 +337,13 @@ async def purge_dlq(
 async def purge_dlq_job(bind: AsyncEngine | AsyncConnection | AsyncSession, job_id: int) -> bool:
     """Async :func:`awa_sa.purge_dlq_job`; same arguments, result and errors."""
     return await _administered(bind, dlq.purge_dlq_job_step(job_id))
+
+
+async def get_job(bind: AsyncEngine | AsyncConnection | AsyncSession, job_id: int) -> JobRow | None:
+    """Async :func:`awa_sa.get_job`; same arguments, result and errors. An ``AsyncConnection``
+    or ``AsyncSession`` reads in its transaction."""
+    _check_bind(bind)
+    return await _on_sync(bind, reads.read, reads.get_job_step(job_id))
 
 
 async def _administered(

@@ -36,6 +36,7 @@ from awa_sa.administer.statements.queue_control import pause_queue_meta, resume_
 from awa_sa.core.registry import all_builders
 from awa_sa.enqueue.bulk import bulk_lanes, bulk_routing, bulk_write
 from awa_sa.enqueue.statements import insert_jobs, unique_holder
+from awa_sa.read.statements.lookups import read_job, read_routing
 from awa_sa.settle.statements.canonical import (
     ROUTING_BODY_MD5,
     canonical_move,
@@ -88,6 +89,8 @@ __all__ = [
     "open_claims",
     "pause_queue_meta",
     "purge_dlq_rows",
+    "read_job",
+    "read_routing",
     "resume_queue_meta",
     "retry_done",
     "retry_failed_canonical",

@@ -24,7 +24,6 @@ from awa_sa.administer.statements.callback_leases import (
     resumed_targets,
     retry_done_resuming,
 )
-from awa_sa.administer.statements.canonical import JobRow
 from awa_sa.administer.statements.deferred import done_job_fields
 from awa_sa.administer.statements.failed_discard import discard_failed_qs, discard_targets
 from awa_sa.administer.statements.failed_retry import (
@@ -37,6 +36,7 @@ from awa_sa.administer.statements.failed_retry import (
     sharded_queues,
 )
 from awa_sa.core.errors import QueueStorageJobs, UniqueConflict
+from awa_sa.core.job_rows import JobRow
 from awa_sa.settle.statements.receipt_settles import receipt_lock
 from awa_sa.tables.queue_storage import translate_map
 

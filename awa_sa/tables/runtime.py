@@ -5,7 +5,9 @@ The queue-storage retry (:mod:`awa_sa.administer.statements.failed_retry`) write
 enqueue shard count of ``awa.queue_meta``, as awa-pg does. They are declared here, column for
 column as ``awa migrate`` creates them, and compared with a real cluster only
 (tests/integration/test_metadata_reflection.py): the fixture schema has no such tables, so a
-retry on a queue-storage fixture cluster that finds a job to retry fails there.
+retry on a queue-storage fixture cluster that finds a job to retry fails there. The reads
+(:mod:`awa_sa.read`) leave out a compact completion under ``receipt_completion_tombstones``, as
+the schema's ``terminal_jobs`` view does.
 """
 
 from __future__ import annotations
@@ -67,3 +69,20 @@ queue_meta = Table(
     schema=AWA_SCHEMA,
 )
 """A queue's settings; the retry reads ``enqueue_shards`` (more than 1: refused)."""
+
+receipt_completion_tombstones = Table(
+    "receipt_completion_tombstones",
+    metadata,
+    Column("ready_slot", Integer, nullable=False),
+    Column("ready_generation", BigInteger, nullable=False),
+    Column("job_id", BigInteger, nullable=False),
+    Column("run_lease", BigInteger, nullable=False),
+    Column("queue", Text, nullable=False),
+    Column("priority", SmallInteger, nullable=False),
+    Column("enqueue_shard", SmallInteger, nullable=False),
+    Column("lane_seq", BigInteger, nullable=False),
+    Column("deleted_at", Timestamp, nullable=False),
+    PrimaryKeyConstraint("ready_slot", "job_id", "run_lease"),
+)
+"""A compact completion's position deleted (by awa-pg's admin delete): ``terminal_jobs``
+leaves it out."""

@@ -16,10 +16,7 @@ so (``routing_schema``). Then one row per job written, as the new row reads.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Literal
-from uuid import UUID
 
 from sqlalchemy import (
     CTE,
@@ -40,6 +37,7 @@ from sqlalchemy import (
     true,
 )
 
+from awa_sa.core.job_rows import JobRow
 from awa_sa.core.registry import statement
 from awa_sa.core.sql import head_row, scalar, state
 from awa_sa.tables.canonical import CALLBACK_COLUMNS, jobs_hot, scheduled_jobs
@@ -49,6 +47,16 @@ LIVE_ATTEMPT = ("running", "waiting_external")
 """Prior states whose attempt a handler may still be running: a cancel tells it to stop."""
 RETRYABLE = ("failed", "cancelled", "waiting_external")
 """What awa-pg's ``retry`` takes back to available."""
+
+__all__ = [
+    "JobRow",
+    "cancel_job_canonical",
+    "discard_failed_canonical",
+    "job_rows",
+    "retry_failed_canonical",
+    "retry_job_canonical",
+    "unique_holder_canonical",
+]
 
 By = Literal["kind", "queue"]
 
@@ -183,44 +191,6 @@ def discard_failed_canonical(*, routed: bool) -> Select[Any]:
     old = _taken(jobs_hot, head, picked, "old")
     gone = select(func.count()).select_from(old).scalar_subquery()
     return select(*head.c, gone.label("discarded"))
-
-
-@dataclass(frozen=True, slots=True)
-class JobRow:
-    """A job's row after an administrative change, as awa-pg's ``Job`` reports it.
-
-    ``storage`` names the plane that holds it: ``"canonical"`` (``awa.jobs_hot`` or
-    ``awa.scheduled_jobs``), or a queue-storage schema.
-    """
-
-    id: int
-    kind: str
-    queue: str
-    args: Any
-    state: str
-    priority: int
-    attempt: int
-    max_attempts: int
-    run_at: datetime
-    heartbeat_at: datetime | None
-    deadline_at: datetime | None
-    attempted_at: datetime | None
-    finalized_at: datetime | None
-    created_at: datetime
-    errors: list[Any]
-    metadata: Any
-    tags: list[str]
-    unique_key: bytes | None
-    unique_states: str | None
-    callback_id: UUID | None
-    callback_timeout_at: datetime | None
-    callback_filter: str | None
-    callback_on_complete: str | None
-    callback_on_fail: str | None
-    callback_transform: str | None
-    run_lease: int
-    progress: Any
-    storage: str
 
 
 def job_rows(rows: Sequence[Any], storage: str) -> list[JobRow]:

@@ -1,0 +1,109 @@
+"""Reading jobs in the caller's transaction: ``get_job``, and ``jobs_view`` to join.
+
+awa-pg 0.6.9's ``Client.get_job`` reads on the client's own pool, outside the service's
+transaction, and on queue storage puts the job together from several statements in Rust.
+These read in the bind's transaction, so they see what it sees (its own uncommitted writes,
+one snapshot under REPEATABLE READ), with the answer awa-pg gives (docs/reading.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from sqlalchemy import Connection, Engine, Select, literal
+from sqlalchemy.sql.elements import ColumnElement
+
+from awa_sa.core.binds import check_bind, guarded
+from awa_sa.core.compiled import execute, run
+from awa_sa.core.driver_errors import translated
+from awa_sa.core.errors import ValidationError
+from awa_sa.core.job_rows import JobRow
+from awa_sa.read.statements.jobs import job_selectable
+from awa_sa.read.statements.lookups import ROUTING, job_rows, read_job
+from awa_sa.read.statements.schemas import of_schema, placeholder
+from awa_sa.tables.queue_storage import translate_map
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+_T = TypeVar("_T")
+Step = Callable[[Connection], _T]
+"""What a read does on a Connection, once validated; both faces run it."""
+
+CANONICAL = "canonical"
+BIGINT_MAX = 2**63 - 1
+
+
+def job_id_of(job_id: object) -> int:
+    if not isinstance(job_id, int) or isinstance(job_id, bool):
+        raise ValidationError(f"job_id must be an int, got {type(job_id).__name__}")
+    if not -BIGINT_MAX - 1 <= job_id <= BIGINT_MAX:
+        raise ValidationError(f"job_id must be a bigint, got {job_id}")
+    return job_id
+
+
+def read(bind: Engine | Connection | Session, step: Step[_T]) -> _T:
+    """*step* in the bind's transaction (a Connection or Session), or on a connection of the
+    Engine's own (its transaction ended, nothing to commit). AUTOCOMMIT reads too."""
+    if isinstance(bind, Engine):
+        with translated(), bind.connect() as conn:
+            return guarded(conn, _on, step)
+    if not isinstance(bind, Connection):
+        with translated():  # a Session's autobegin checks a connection out
+            bind = bind.connection()
+    return guarded(bind, _on, step)
+
+
+def _on(conn: Connection, step: Step[_T]) -> _T:
+    return step(conn)
+
+
+def get_job_step(job_id: object) -> Step[JobRow | None]:
+    """The validated step of :func:`get_job`, for either face."""
+    asked = {"b_job_id": job_id_of(job_id)}
+
+    def step(conn: Connection) -> JobRow | None:
+        schema = run(conn, ROUTING, None)
+        query = read_job(plane="canonical") if schema is None else read_job(plane="queue_storage")
+        rows = execute(conn, query, asked, schema)
+        found = job_rows(rows, CANONICAL if schema is None else schema)
+        return found[0] if found else None
+
+    return step
+
+
+def get_job(bind: Engine | Connection | Session, job_id: int) -> JobRow | None:
+    """Job *job_id* as awa-pg 0.6.9's ``Client.get_job`` answers it, every field, or None
+    where awa-pg raises ``job not found``: read on the plane routing points at, in the bind's
+    transaction (a ``Connection`` or ``Session``: its snapshot, its own uncommitted writes),
+    or on a connection of an ``Engine``'s own.
+
+    On queue storage the job's state is derived as awa-pg derives it (docs/reading.md); a
+    finished job is readable until Awa's retention or ring rotation removes it.
+    """
+    check_bind(bind)
+    return read(bind, get_job_step(job_id))
+
+
+def jobs_view(queue_storage: str | None = "awa") -> Select[Any]:
+    """Jobs as a selectable to join, filter and order with a service's own tables, one row
+    per job with :class:`JobRow`'s columns (``storage`` too), each as ``get_job`` reads it::
+
+        job = awa_sa.jobs_view("awa").subquery("job")
+        select(orders.c.id, job.c.state).join(job, job.c.id == orders.c.job_id)
+
+    *queue_storage* names the cluster's queue-storage schema (``awa`` unless its runtimes
+    name another), or None for a cluster that only ever ran canonical. The rows are those of
+    the plane routing points at when the statement runs, as awa-pg reports them. A filter or
+    join on ``id``, ``kind`` or ``queue`` reaches each table's index (docs/reading.md).
+    """
+    if queue_storage is None:
+        return job_selectable(placeholder(), "canonical", _canonical())
+    translate_map(queue_storage)
+    schema: ColumnElement[Any] = literal(queue_storage)
+    return job_selectable(of_schema(queue_storage), "routed", schema)
+
+
+def _canonical() -> ColumnElement[Any]:
+    return literal(CANONICAL)

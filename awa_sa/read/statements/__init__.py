@@ -1,0 +1,1 @@
+"""The read capability's statement builders' package."""

@@ -1,0 +1,264 @@
+"""get_job and jobs_view: the answer awa-pg 0.6.9's get_job gives, read in the caller's snapshot.
+
+The comparisons run on ``awa migrate`` clusters in each phase a real runtime serves (canonical,
+mixed_transition, active), over jobs a real awa-pg runtime put in every state
+(:mod:`reading`), some still held by their handlers. A read writes nothing, so awa-pg's
+``Client.get_job`` and awa-sa's read the same cluster at the same moment: the same rows, the
+same clocks. The snapshot and plan tests seed with the testing kit on the fixture (queue
+storage in ``awa``) and the canonical tables, and read the plans PostgreSQL chose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import awa
+import pytest
+import sqlalchemy as sa
+from conftest import QUIESCED_FLIP, run_awa
+from reading import Seeded, populated
+from runtimes import pg_url
+from sqlalchemy.ext.asyncio import create_async_engine
+
+import awa_sa
+import awa_sa.asyncio
+from awa_sa.core.compiled import compiled
+from awa_sa.read.statements.lookups import read_job
+from awa_sa.testing import queue_storage_attempt
+from awa_sa.testing.server import EmbeddedPostgres
+
+LATER = datetime.now(UTC) + timedelta(days=1)
+AWA_PG_FIELDS = ("id", "kind", "queue", "priority", "attempt", "max_attempts", "tags", "args")
+AWA_PG_JSON = ("metadata", "errors", "progress")
+AWA_PG_CLOCKS = {"run_at": "run_at", "deadline": "deadline_at", "created_at": "created_at"}
+AWA_PG_CLOCKS["finalized_at"] = "finalized_at"
+
+
+def same_as_awa_pg(mine: awa_sa.JobRow | None, theirs: Any) -> None:
+    """awa-sa's row says what awa-pg's ``Job`` says, every field it has."""
+    assert mine is not None, theirs.id
+    for name in AWA_PG_FIELDS + AWA_PG_JSON:
+        assert getattr(mine, name) == getattr(theirs, name), (theirs.id, name)
+    assert mine.state == str(theirs.state).rsplit(".", 1)[-1].lower(), theirs.id
+    for pg_name, name in AWA_PG_CLOCKS.items():
+        ours = getattr(mine, name)
+        assert (None if ours is None else ours.isoformat()) == _rfc3339(getattr(theirs, pg_name))
+
+
+def _rfc3339(text: str | None) -> str | None:
+    """awa-pg's clock text as Python's isoformat writes the same instant."""
+    if text is None:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).isoformat()
+
+
+async def _awa_pg_jobs(url: str, ids: list[int]) -> dict[int, Any]:
+    client = awa.AsyncClient(pg_url(url))
+    try:
+        found: dict[int, Any] = {}
+        for job_id in ids:
+            try:
+                found[job_id] = await client.get_job(job_id)
+            except awa.AwaError as exc:
+                found[job_id] = None
+                missing = str(exc)
+                assert "job not found" in missing
+        return found
+    finally:
+        await client.close()
+
+
+def _compare(url: str, engine: sa.Engine, schema: str | None) -> Callable[[Seeded], None]:
+    def compare(made: Seeded) -> None:
+        ids = sorted({*made.ids.values(), 1, 2**40})
+        theirs = asyncio.run(_awa_pg_jobs(url, ids))
+        with engine.begin() as conn:
+            mine = {job_id: awa_sa.get_job(conn, job_id) for job_id in ids}
+            conn.execute(sa.text("CREATE TEMP TABLE orders (id serial, job_id bigint)"))
+            conn.execute(sa.text("INSERT INTO orders (job_id) SELECT unnest(:ids)"), {"ids": ids})
+            orders = sa.table("orders", sa.column("id"), sa.column("job_id"))
+            job = awa_sa.jobs_view(schema).subquery("job")
+            joined = conn.execute(
+                sa.select(orders.c.job_id, *job.c).join(job, job.c.id == orders.c.job_id)
+            ).all()
+        for job_id in ids:
+            if theirs[job_id] is None:
+                assert mine[job_id] is None, job_id
+            else:
+                same_as_awa_pg(mine[job_id], theirs[job_id])
+        by_view = {row.job_id: awa_sa.JobRow(**_fields(row)) for row in joined}
+        assert by_view == {job_id: row for job_id, row in mine.items() if row is not None}
+        states = {row.state for row in mine.values() if row is not None}
+        assert {"available", "scheduled", "running", "waiting_external", "retryable"} <= states
+        assert {"completed", "failed", "cancelled"} <= states
+        assert all(getattr(mine[held], "state", None) != "available" for held in made.held)
+
+    return compare
+
+
+def _fields(row: Any) -> dict[str, Any]:
+    fields = {k: v for k, v in row._mapping.items() if k != "job_id"}
+    fields["errors"] = list(fields["errors"] or [])
+    fields["tags"] = list(fields["tags"] or [])
+    fields["unique_key"] = None if fields["unique_key"] is None else bytes(fields["unique_key"])
+    return fields
+
+
+@pytest.mark.slow  # a real awa-pg runtime and the real CLI
+@pytest.mark.parametrize("phase", ["canonical", "mixed_transition", "active"])
+def test_every_state_reads_as_awa_pg_reads_it(
+    phase: str, pg: EmbeddedPostgres, clone_database: Callable[[str], str], real_template: str
+) -> None:
+    url = clone_database(real_template)
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    dbname = sa.make_url(url).database or ""
+    try:
+        if phase != "active":  # a job first keeps the first runtime from finalizing
+            asyncio.run(_enqueue_before(url))
+        schema, role = None, None
+        if phase != "canonical":
+            details = '{"schema": "awa_qs"}'
+            run_awa(
+                pg, dbname, "storage", "prepare", "--engine", "queue_storage", "--details", details
+            )
+            run_awa(pg, dbname, *QUIESCED_FLIP)
+            schema, role = "awa_qs", "queue_storage_target"
+            if phase == "active":
+                run_awa(pg, dbname, "storage", "finalize")
+                role = None
+        made = asyncio.run(
+            populated(url, engine, _compare(url, engine, schema), schema=schema, role=role)
+        )
+        assert (made.dlq_refused is None) == (phase != "canonical")
+    finally:
+        engine.dispose()
+
+
+async def _enqueue_before(url: str) -> None:
+    client = awa.AsyncClient(pg_url(url))
+    try:
+        await client.insert({"n": 0}, kind="before", queue="idle_q")
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+def queue_storage(real_engine: sa.Engine) -> sa.Engine:
+    """An ``awa migrate`` cluster finalized to queue storage in ``awa`` by the kit's claim."""
+    with real_engine.begin() as conn:
+        queue_storage_attempt(conn, kind="held", queue="q")
+    return real_engine
+
+
+def test_a_read_sees_its_own_transaction(queue_storage: sa.Engine) -> None:
+    with queue_storage.connect() as conn:
+        job = awa_sa.enqueue(conn, {"n": 1}, kind="mine", queue="q", run_at=LATER)
+        got = awa_sa.get_job(conn, job.id)
+        assert got is not None
+        assert (got.state, got.kind, got.storage) == (
+            "scheduled",
+            "mine",
+            "awa",
+        )
+        awa_sa.cancel_job(conn, job.id)
+        assert awa_sa.get_job(conn, job.id).state == "cancelled"  # type: ignore[union-attr]
+        assert awa_sa.get_job(queue_storage, job.id) is None  # not committed: not seen
+        conn.rollback()
+    assert awa_sa.get_job(queue_storage, job.id) is None
+
+
+def test_repeatable_read_answers_from_one_snapshot(queue_storage: sa.Engine) -> None:
+    job = awa_sa.enqueue(queue_storage, {"n": 2}, kind="later", queue="q", run_at=LATER)
+    reader = queue_storage.connect().execution_options(isolation_level="REPEATABLE READ")
+    try:
+        with reader.begin():
+            assert awa_sa.get_job(reader, job.id).state == "scheduled"  # type: ignore[union-attr]
+            awa_sa.cancel_job(queue_storage, job.id)  # committed meanwhile
+            assert awa_sa.get_job(reader, job.id).state == "scheduled"  # type: ignore[union-attr]
+        assert awa_sa.get_job(reader, job.id).state == "cancelled"  # type: ignore[union-attr]
+    finally:
+        reader.close()
+
+
+async def test_the_async_twin_reads_in_its_transaction(queue_storage: sa.Engine) -> None:
+    job = awa_sa.enqueue(queue_storage, {"n": 3}, kind="twin", queue="q")
+    async_engine = create_async_engine(queue_storage.url, poolclass=sa.NullPool)
+    try:
+        assert await awa_sa.asyncio.get_job(async_engine, job.id) == awa_sa.get_job(
+            queue_storage, job.id
+        )
+        async with async_engine.connect() as conn:
+            assert (await awa_sa.asyncio.get_job(conn, job.id)).state == "available"  # type: ignore[union-attr]
+    finally:
+        await async_engine.dispose()
+
+
+def _plan(conn: sa.Connection, sql: str, params: dict[str, Any] | None) -> dict[str, Any]:
+    explain = f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}"
+    found = conn.exec_driver_sql(explain, params).scalar_one()
+    return dict((json.loads(found) if isinstance(found, str) else found)[0]["Plan"])
+
+
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)
+
+
+def _read_rows_by_index_only(plan: dict[str, Any], *, own: set[str]) -> int:
+    """The jobs' rows were read by index: a sequential scan (beside the caller's own table)
+    met at most the kit's one claim, never the thousands of jobs; the buffers the plan
+    touched."""
+    for node in _nodes(plan):
+        if node["Node Type"] == "Seq Scan" and node["Relation Name"] not in own:
+            met = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
+            assert met <= node["Actual Loops"], (node["Relation Name"], met)
+    return int(plan["Shared Hit Blocks"]) + int(plan["Shared Read Blocks"])
+
+
+def test_a_lookup_by_id_reads_by_index_and_stays_flat(queue_storage: sa.Engine) -> None:
+    """get_job's statement and the join of 100 orders, on queue storage at 1,000 and then
+    4,000 jobs: the jobs' tables read by index, and no more buffers at the larger size."""
+    text = compiled(read_job(plane="queue_storage"), queue_storage.dialect, "awa").sql
+    lookup = text
+    job = awa_sa.jobs_view("awa").subquery("job")
+    orders = sa.table("orders", sa.column("id"), sa.column("job_id"))
+    join = sa.select(orders.c.id, job.c.state).join(job, job.c.id == orders.c.job_id)
+    join_sql = str(join.compile(queue_storage, compile_kwargs={"literal_binds": True}))
+    touched = []
+    with queue_storage.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE orders (id serial, job_id bigint)"))
+    for size in (1000, 4000):
+        with queue_storage.begin() as conn:
+            ids = [
+                j.id
+                for j in awa_sa.enqueue_many(
+                    conn, [{"n": n} for n in range(size // 2)], kind="bulk", queue="q"
+                )
+            ]
+            ids += [
+                j.id
+                for j in awa_sa.enqueue_many(
+                    conn, [{"n": n} for n in range(size // 2)], kind="bulk", queue="q2"
+                )
+            ]
+            conn.execute(sa.text("TRUNCATE orders"))
+            conn.execute(
+                sa.text("INSERT INTO orders (job_id) SELECT unnest(:ids)"), {"ids": ids[:100]}
+            )
+            conn.execute(sa.text("ANALYZE"))
+        with queue_storage.begin() as conn:
+            one = _read_rows_by_index_only(_plan(conn, lookup, {"b_job_id": ids[10]}), own=set())
+            # At these sizes PostgreSQL rightly hashes 100 orders against a seq scan; the
+            # join's index path, the one it takes as the tables grow, is read with that off.
+            conn.exec_driver_sql("SET LOCAL enable_hashjoin = off")
+            conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+            many = _read_rows_by_index_only(_plan(conn, join_sql, None), own={"orders"})
+            touched.append((one, many))
+    (small_one, small_many), (large_one, large_many) = touched
+    assert large_one <= small_one + 4, touched
+    assert large_many <= small_many * 1.05, touched  # an index may gain a level meanwhile

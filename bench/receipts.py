@@ -103,7 +103,7 @@ def build(url: str, receipts: Receipts) -> Variants:
     out.closers += [engine.dispose, held.close]
     pooled = Borrowed(engine, directly)  # the Engine form's backend, each floor's own too
     lock = compiled(receipt_lock(batch=False), engine.dialect, QS)
-    body = compiled(settle_receipt(), engine.dialect, QS)
+    body = compiled(settle_receipt(shape="row"), engine.dialect, QS)
 
     def values(job_id: int) -> tuple[Any, Any]:
         item = prepare_receipt(receipts.attempts[job_id], RESULT, None, None).item

@@ -227,6 +227,7 @@ def prepare_receipt(
         attempt.kind,
         attempt.queue,
         attempt.attempt,
+        attempt._ready_slot,
     )
     return ReceiptCall(result, item, attempt.storage)
 

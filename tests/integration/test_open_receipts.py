@@ -32,6 +32,8 @@ from awa_sa import (
 from awa_sa.core.compiled import compile_statement, run
 from awa_sa.settle.statements.job_receipts import OPEN_CLAIMS, claim_of_job, open_claims
 from awa_sa.settle.statements.listings import Filters, filter_binds, queue_storage_attempts
+from awa_sa.settle.statements.receipt_settles import SETTLE_RECEIPT, ReceiptItem, settle_receipt
+from awa_sa.settle.statements.receipt_targets import SettleShape
 
 QS = "awa_qs"
 
@@ -451,3 +453,53 @@ def test_attempt_of_reads_only_its_receipts_partitions_flat_with_history(mixed: 
         "lease_claim_closure_batches",
         "attempt_state",
     }, read
+
+
+def _relations(node: dict[str, Any]) -> list[str]:
+    found = [node["Relation Name"]] if "Relation Name" in node else []
+    for child in node.get("Plans", []):
+        found += _relations(child)
+    return found
+
+
+@pytest.mark.parametrize("shape", ["row", "row_in_slot"])
+def test_the_settle_reads_only_the_asked_slots(mixed: sa.Engine, shape: SettleShape) -> None:
+    """The settle of a ``lease_claims`` receipt names its claim slot (and, as ``attempt_of``
+    found it, its ready slot) as parameters PostgreSQL prunes by: of each table partitioned by
+    the claim slot only that slot's partition is planned, ``leases`` is probed once, and with
+    the ready slot known so is each table partitioned by it."""
+    item = ReceiptItem(
+        1,
+        1,
+        3,
+        1,
+        None,
+        None,
+        "complete",
+        None,
+        None,
+        None,
+        None,
+        "mail",
+        "mail",
+        1,
+        5 if shape == "row_in_slot" else None,
+    )
+    text = compile_statement(settle_receipt(shape=shape), mixed.dialect, QS)
+    with mixed.begin() as conn:
+        [[plan]] = conn.exec_driver_sql(
+            f"EXPLAIN (FORMAT JSON) {text.sql}", text.params(SETTLE_RECEIPT.binds(item))
+        ).all()
+    # partitions only: an INSERT names its partitioned parent, and routes each row itself
+    read = [n for n in _relations(plan[0]["Plan"]) if n[-1].isdigit()]
+    by_claim = [n for n in read if n.startswith(("lease_claims_", "lease_claim_closure"))]
+    assert by_claim, read
+    assert all(n.endswith("_3") for n in by_claim), read
+    assert len([n for n in read if n.startswith("leases_")]) == 8, read  # once
+    assert not any(n.startswith("lease_claim_batches") for n in read), read
+    by_ready = [n for n in read if n.startswith(("ready_entries_", "done_entries_", "ready_claim"))]
+    if shape == "row_in_slot":
+        assert by_ready, read
+        assert all(n.endswith("_5") for n in by_ready), read
+    else:
+        assert len(by_ready) > 16, read

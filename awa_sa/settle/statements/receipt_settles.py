@@ -48,6 +48,7 @@ from sqlalchemy import (
     exists,
     func,
     literal_column,
+    not_,
     select,
     true,
 )
@@ -58,15 +59,18 @@ from awa_sa.core.sql import (
     head_row,
     head_then,
     rows_as_binds,
+    scalar,
 )
 from awa_sa.settle.statements.duplicate import insert_terminal_delta
 from awa_sa.settle.statements.receipt_shaping import shaped_rows
 from awa_sa.settle.statements.receipt_targets import (
     ReceiptItem,
     ReceiptTag,
+    SettleShape,
     asked_row,
     binds,
     open_receipt,
+    shape_of,
     tagged,
     text_literal,
 )
@@ -117,15 +121,24 @@ def receipt_lock(*, batch: bool) -> Select[Any]:
 
 
 @statement
-def settle_receipt() -> Select[Any]:
+def settle_receipt(*, shape: SettleShape) -> Select[Any]:
     """Settle one open receipt as asked (module docstring), in one statement.
 
     Returns one row: ``materialised`` (a callback wait made the attempt a ``leases`` row: then
     nothing was written), and, when the receipt was open and is now closed, the job id, the
     state its next row has, and for a re-schedule the new ``run_at`` and ``attempt``.
+
+    *shape* names the receipt's source (:data:`SettleShape`): only that one is read, each
+    partitioned table in the asked claim slot (and ready slot, where known) only, bound as
+    parameters PostgreSQL prunes by; ``leases`` is probed once, by the head.
     """
     asked = asked_row()
-    taken = open_receipt(asked)
+    lease = qs.leases
+    materialised = exists().where(
+        lease.c.job_id == asked.c.job_id, lease.c.run_lease == asked.c.run_lease
+    )
+    head = head_row(materialised.label("materialised"))
+    taken = open_receipt(asked, not_(scalar(head, "materialised")), shape)
     state_rows = qs.attempt_state
     flushed = (
         delete(state_rows)
@@ -147,11 +160,6 @@ def settle_receipt() -> Select[Any]:
         *unique_claim_sync(shaped),
     ]
     deferred = deferred_row(shaped)
-    lease = qs.leases
-    materialised = exists().where(
-        lease.c.job_id == asked.c.job_id, lease.c.run_lease == asked.c.run_lease
-    )
-    head = head_row(materialised.label("materialised"))
     written = [select(func.count()).select_from(w).scalar_subquery() for w in writes]
     answer = (
         select(
@@ -194,4 +202,6 @@ def _lock_binds(items: Sequence[ReceiptItem]) -> Mapping[str, Any]:
 RECEIPT_LOCKS: Query[Sequence[ReceiptItem], None] = Query(
     lambda items: receipt_lock(batch=len(items) > 1), _lock_binds, lambda _: None
 )
-SETTLE_RECEIPT: Query[ReceiptItem, Settled] = Query(lambda _: settle_receipt(), binds, Settled.read)
+SETTLE_RECEIPT: Query[ReceiptItem, Settled] = Query(
+    lambda item: settle_receipt(shape=shape_of(item)), binds, Settled.read
+)

@@ -89,6 +89,9 @@ class ReceiptItem(NamedTuple):
     queue: str
     attempt: int
     """The identity the caller read, checked against the receipt and its ready row."""
+    ready_slot: int | None = None
+    """The receipt's ready slot where the caller found it (``attempt_of``), or None: bound so
+    that PostgreSQL reads only that slot's partitions (:data:`SettleShape` ``row_in_slot``)."""
 
 
 _FIELDS: tuple[tuple[str, str, Any], ...] = (
@@ -109,8 +112,33 @@ _FIELDS: tuple[tuple[str, str, Any], ...] = (
 )
 
 
+SettleShape = Literal["row", "row_in_slot", "compact"]
+"""The settle's statement for a receipt: a ``lease_claims`` row, the same with its ready slot
+known (every table keyed by ready slot read in that slot only), or a compact receipt (a
+``lease_claim_batches`` position: ``cancel_job``'s alone)."""
+
+
+def shape_of(item: ReceiptItem) -> SettleShape:
+    if item.batch_id is not None:
+        return "compact"
+    return "row" if item.ready_slot is None else "row_in_slot"
+
+
 def binds(item: ReceiptItem) -> Mapping[str, Any]:
-    return dict(zip((bind for bind, _, _ in _FIELDS), item, strict=True))
+    values = dict(zip((bind for bind, _, _ in _FIELDS), item, strict=False))
+    values["b_ready_slot"] = item.ready_slot
+    return values
+
+
+def claim_slot_bind() -> ColumnElement[Any]:
+    """The asked claim slot as the statement's own parameter, not read through ``asked``: a
+    partition key PostgreSQL prunes by when it plans (custom plan) or starts (generic plan)."""
+    return cast(bindparam("b_claim_slot", type_=Integer), Integer)
+
+
+def ready_slot_bind() -> ColumnElement[Any]:
+    """The asked ready slot, likewise (the ``row_in_slot`` shape only)."""
+    return cast(bindparam("b_ready_slot", type_=Integer), Integer)
 
 
 def asked_row() -> CTE:
@@ -134,29 +162,38 @@ def json_key(document: ColumnElement[Any], key: str, empty: ColumnElement[Any]) 
 
 
 def _evidence(
-    claim_slot: Any, job_id: Any, run_lease: Any, receipt_id: Any, *, in_slot: bool
+    claim_slot: Any, job_id: Any, run_lease: Any, receipt_id: Any, ready_slot: Any
 ) -> list[ColumnElement[bool]]:
-    """No closure evidence names the receipt: the six kinds the runtime anti-joins, and no
-    materialised lease (a callback wait's; that branch is refused, see :class:`Settled`)."""
+    """No closure evidence names the receipt: the six kinds the runtime anti-joins, the closure
+    row and closure batch in the receipt's claim slot (where the runtime writes them, and where
+    its fast completion looks), ``done_entries`` in its ready slot where known. A materialised
+    lease (a callback wait's) is the head's check, read once (see :class:`Settled`)."""
     closures = qs.lease_claim_closures.alias("closure")
     ranges = qs.lease_claim_closure_batches.alias("closed")
     in_range = ranges.c.receipt_ranges.op("@>", return_type=Boolean)(receipt_id)
+    done = qs.done_entries
     found = [
         exists().where(
             closures.c.claim_slot == claim_slot,
             closures.c.job_id == job_id,
             closures.c.run_lease == run_lease,
         ),
-        exists().where(in_range, *([ranges.c.claim_slot == claim_slot] if in_slot else [])),
+        exists().where(in_range, ranges.c.claim_slot == claim_slot),
+        exists().where(
+            done.c.job_id == job_id,
+            done.c.run_lease == run_lease,
+            *([] if ready_slot is None else [done.c.ready_slot == ready_slot]),
+        ),
     ]
-    for table in (qs.done_entries, qs.deferred_jobs, qs.dlq_entries, qs.leases):
+    for table in (qs.deferred_jobs, qs.dlq_entries):
         found.append(exists().where(table.c.job_id == job_id, table.c.run_lease == run_lease))
     return [not_(evidence) for evidence in found]
 
 
-def _row_target(asked: CTE) -> Select[Any]:
+def _row_target(asked: CTE, free: ColumnElement[bool], ready_slot: Any) -> Select[Any]:
     claims = qs.lease_claims.alias("claims")
     c = claims.c
+    slot = claim_slot_bind()
     return (
         select(
             c.claim_slot,
@@ -178,6 +215,7 @@ def _row_target(asked: CTE) -> Select[Any]:
         .join(
             asked,
             and_(
+                c.claim_slot == slot,
                 c.claim_slot == asked.c.claim_slot,
                 c.job_id == asked.c.job_id,
                 c.run_lease == asked.c.run_lease,
@@ -187,13 +225,15 @@ def _row_target(asked: CTE) -> Select[Any]:
         )
         .where(
             c.closed_at.is_(None),
-            *_evidence(c.claim_slot, c.job_id, c.run_lease, c.receipt_id, in_slot=False),
+            free,
+            *(() if ready_slot is None else (c.ready_slot == ready_slot,)),
+            *_evidence(slot, c.job_id, c.run_lease, c.receipt_id, ready_slot),
         )
         .with_for_update(of=claims)
     )
 
 
-def _batch_target(asked: CTE) -> Select[Any]:
+def _batch_target(asked: CTE, free: ColumnElement[bool]) -> Select[Any]:
     batches = qs.lease_claim_batches.alias("claim_batches")
     b = batches.c
     i = asked.c.batch_index
@@ -226,9 +266,8 @@ def _batch_target(asked: CTE) -> Select[Any]:
             at(b.job_ids) == asked.c.job_id,
             at(b.run_leases) == asked.c.run_lease,
             at(b.receipt_ids) == asked.c.receipt_id,
-            *_evidence(
-                b.claim_slot, asked.c.job_id, asked.c.run_lease, asked.c.receipt_id, in_slot=True
-            ),
+            free,
+            *_evidence(b.claim_slot, asked.c.job_id, asked.c.run_lease, asked.c.receipt_id, None),
         )
         # Not locked: the batch row is append-only and holds its siblings' receipts too, whose
         # settles by the runtime's slow path lock it; the receipt's advisory lock already
@@ -236,7 +275,9 @@ def _batch_target(asked: CTE) -> Select[Any]:
     )
 
 
-def _claim_time(target: Any, lane_priority: ColumnElement[Any]) -> ColumnElement[Any]:
+def _claim_time(
+    target: Any, lane_priority: ColumnElement[Any], ready_slot: Any
+) -> ColumnElement[Any]:
     """The ``attempted_at`` a completion writes: the job row a claim returns carries the claim's
     own clock (kept in ``ready_claim_attempt_batches``; the receipt's ``claimed_at`` is a later
     one). Only a ``lease_claims`` receipt is completed: a compact one is refused before any
@@ -253,19 +294,29 @@ def _claim_time(target: Any, lane_priority: ColumnElement[Any]) -> ColumnElement
             c.priority == lane_priority,
             c.enqueue_shard == target.enqueue_shard,
             c.claim_slot == target.claim_slot,
+            # Within [first_lane_seq, next_lane_seq), which holds every range of lane_ranges:
+            # the lane index finds the claim's batches, not every batch of its claim slot.
+            c.first_lane_seq <= target.lane_seq,
+            c.next_lane_seq > target.lane_seq,
             c.lane_ranges.op("@>", return_type=Boolean)(lane_seq),
+            *(() if ready_slot is None else (c.ready_slot == ready_slot,)),
         )
         .scalar_subquery()
     )
     return func.coalesce(claimed, target.attempted_at)
 
 
-def open_receipt(asked: CTE) -> CTE:
-    """The open receipt, its ready row, and what the settle makes of it, guarded by identity."""
-    # FOR UPDATE is not allowed under UNION: each shape locks in a CTE of its own.
-    row_target = _row_target(asked).cte("row_target")
-    batch_target = _batch_target(asked).cte("batch_target")
-    target = select(row_target).union_all(select(batch_target)).cte("target")
+def open_receipt(asked: CTE, free: ColumnElement[bool], shape: SettleShape) -> CTE:
+    """The open receipt, its ready row, and what the settle makes of it, guarded by identity.
+
+    *free*: no materialised lease holds the attempt (the head's check, read once). The
+    *shape* names the one source the receipt can be in (:data:`SettleShape`).
+    """
+    ready_slot = ready_slot_bind() if shape == "row_in_slot" else None
+    if shape == "compact":
+        target = _batch_target(asked, free).cte("target")
+    else:
+        target = _row_target(asked, free, ready_slot).cte("target")
     ready = qs.ready_entries
     t, r = target.c, ready.c
     payload = func.coalesce(r.payload, EMPTY_OBJECT, type_=JSONB)
@@ -303,7 +354,8 @@ def open_receipt(asked: CTE) -> CTE:
             next_state.label("next_state"),
             (tagged(asked, "complete") & bare).label("fast"),
             case(
-                (tagged(asked, "complete"), _claim_time(t, r.priority)), else_=t.attempted_at
+                (tagged(asked, "complete"), _claim_time(t, r.priority, ready_slot)),
+                else_=t.attempted_at,
             ).label("ended_attempted_at"),
             func.clock_timestamp().label("settled_at"),
             *(asked.c[name] for name in ("tag", "message", "error", "new_progress", "delay")),
@@ -313,6 +365,7 @@ def open_receipt(asked: CTE) -> CTE:
             ready,
             and_(
                 r.ready_slot == t.ready_slot,
+                *(() if ready_slot is None else (r.ready_slot == ready_slot,)),
                 r.ready_generation == t.ready_generation,
                 r.queue == t.queue,
                 r.enqueue_shard == t.enqueue_shard,

@@ -38,6 +38,7 @@ from awa_sa.core.sql import (
     EMPTY_OBJECT,
 )
 from awa_sa.settle.statements.receipt_targets import (
+    claim_slot_bind,
     tagged,
     text_literal,
 )
@@ -108,7 +109,11 @@ def closing_rows(shaped: CTE) -> list[CTE]:
     closed_at = func.coalesce(select(row_closure.c.closed_at).scalar_subquery(), s.settled_at)
     marked = (
         update(claims)
-        .where(*(claims.c[name] == value for name, value in key.items()), s.batch_id.is_(None))
+        .where(
+            claims.c.claim_slot == claim_slot_bind(),
+            *(claims.c[name] == value for name, value in key.items()),
+            s.batch_id.is_(None),
+        )
         .values(closed_at=func.coalesce(claims.c.closed_at, closed_at))
         .returning(claims.c.job_id)
         .cte("marked")

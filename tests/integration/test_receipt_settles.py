@@ -321,3 +321,22 @@ def test_a_refused_item_leaves_the_callers_transaction_as_it_was(active: sa.Engi
     assert counts(active) == before
     with pytest.raises(awa_sa.ValidationError, match=r"settlements\[1\]"):
         awa_sa.settle_attempts(active, [awa_sa.Settlement(ok, awa_sa.Complete()), "no"])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("mode", [None, "force_custom_plan"])
+def test_the_callers_plan_cache_mode_is_as_it_was(active: sa.Engine, mode: str | None) -> None:
+    """The settle asks for its generic plan for itself alone: the caller's statements after it,
+    in the same transaction and the next, plan as the caller set them to."""
+    with active.begin() as conn:
+        if mode is not None:
+            conn.execute(sa.text("SELECT set_config('plan_cache_mode', :m, true)"), {"m": mode})
+        before = conn.execute(sa.text("SHOW plan_cache_mode")).scalar_one()
+        attempt = queue_storage_attempt(conn, schema=QS, kind="mail", queue="mail")
+        assert isinstance(awa_sa.settle(conn, attempt, awa_sa.Complete()), awa_sa.Completed)
+        assert conn.execute(sa.text("SHOW plan_cache_mode")).scalar_one() == before
+    with active.connect() as conn:
+        assert conn.execute(sa.text("SHOW plan_cache_mode")).scalar_one() == "auto"
+        attempt_again = queue_storage_attempt(conn, schema=QS, kind="mail", queue="mail")
+        awa_sa.settle(conn, attempt_again, awa_sa.Complete())
+        assert conn.execute(sa.text("SHOW plan_cache_mode")).scalar_one() == "auto"
+        conn.rollback()

@@ -41,6 +41,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import (
     BigInteger,
+    ColumnElement,
     Select,
     Text,
     cast,
@@ -98,11 +99,51 @@ LOCK_PREFIX = "awa.receipt.complete:"
 """The advisory-lock key text, before ``<job_id>:<run_lease>``, as the runtime spells it."""
 
 
+PLAN_MODE = "plan_cache_mode"
+SAVED_PLAN_MODE = "awa_sa.plan_cache_mode"
+"""Where :func:`receipt_lock` keeps the caller's ``plan_cache_mode`` for the settle to restore."""
+
+
+def generic_plan_next() -> ColumnElement[Any]:
+    """``plan_cache_mode`` set to ``force_generic_plan`` for the rest of the transaction, the
+    value it had saved first (an argument is evaluated before its function).
+
+    The settle's plan spans every partition of a dozen partitioned tables: a custom plan costs
+    tens of milliseconds, and under ``auto`` PostgreSQL keeps making custom plans, because
+    they prune to the attempt's slots and look cheaper than the generic plan. A generic plan is
+    made once per connection (and again only when maintenance invalidates it), and prunes at
+    executor start by the bound slots. :func:`settle_receipt` restores the saved value.
+    """
+    saved = func.pg_catalog.set_config(
+        text_literal(SAVED_PLAN_MODE),
+        func.pg_catalog.current_setting(text_literal(PLAN_MODE)),
+        true(),
+    )
+    return func.pg_catalog.set_config(
+        text_literal(PLAN_MODE), text_literal("force_generic_plan"), saved.is_not(None)
+    )
+
+
+def restored_plan_mode() -> ColumnElement[Any]:
+    """The caller's ``plan_cache_mode`` back, as :func:`generic_plan_next` saved it; unchanged
+    where nothing was saved in this transaction (a placeholder reads '' once its transaction
+    ended)."""
+    saved = func.nullif(
+        func.pg_catalog.current_setting(text_literal(SAVED_PLAN_MODE), true()), text_literal("")
+    )
+    now = func.pg_catalog.current_setting(text_literal(PLAN_MODE))
+    return func.pg_catalog.set_config(text_literal(PLAN_MODE), func.coalesce(saved, now), true())
+
+
 @statement
-def receipt_lock(*, batch: bool) -> Select[Any]:
+def receipt_lock(*, batch: bool, generic_settle: bool = False) -> Select[Any]:
     """The runtime's advisory lock on each attempt's receipt, held to the end of the
     transaction; a batch takes them in one statement, distinct and in ascending key order, as
-    the runtime's batched completion does, so that the two cannot deadlock."""
+    the runtime's batched completion does, so that the two cannot deadlock.
+
+    *generic_settle*: the lock before one :func:`settle_receipt` also asks PostgreSQL for the
+    settle's generic plan (:func:`generic_plan_next`), at no extra round trip.
+    """
     fields = [("b_job_id", "job_id", BigInteger), ("b_run_lease", "run_lease", BigInteger)]
     pairs = bound_rows("pairs", fields, batch)
     # ``format('...%s:%s', ...)`` as the runtime spells it, without a ``%`` in the text: the
@@ -117,7 +158,12 @@ def receipt_lock(*, batch: bool) -> Select[Any]:
     keys = select(lock_key.label("lock_key")).distinct().order_by(lock_key)
     ordered = keys.cte("locks").prefix_with("MATERIALIZED")
     locked = func.pg_catalog.pg_advisory_xact_lock(ordered.c.lock_key, type_=Text)
-    return select(locked.label("locked"))
+    if not generic_settle:
+        return select(locked.label("locked"))
+    mode = (
+        select(generic_plan_next().label("plan_mode")).cte("plan_mode").prefix_with("MATERIALIZED")
+    )
+    return select(locked.label("locked"), mode.c.plan_mode).select_from(ordered, mode)
 
 
 @statement
@@ -137,7 +183,7 @@ def settle_receipt(*, shape: SettleShape) -> Select[Any]:
     materialised = exists().where(
         lease.c.job_id == asked.c.job_id, lease.c.run_lease == asked.c.run_lease
     )
-    head = head_row(materialised.label("materialised"))
+    head = head_row(materialised.label("materialised"), restored_plan_mode().label("plan_mode"))
     taken = open_receipt(asked, not_(scalar(head, "materialised")), shape)
     state_rows = qs.attempt_state
     flushed = (
@@ -200,7 +246,9 @@ def _lock_binds(items: Sequence[ReceiptItem]) -> Mapping[str, Any]:
 
 
 RECEIPT_LOCKS: Query[Sequence[ReceiptItem], None] = Query(
-    lambda items: receipt_lock(batch=len(items) > 1), _lock_binds, lambda _: None
+    lambda items: receipt_lock(batch=len(items) > 1, generic_settle=len(items) == 1),
+    _lock_binds,
+    lambda _: None,
 )
 SETTLE_RECEIPT: Query[ReceiptItem, Settled] = Query(
     lambda item: settle_receipt(shape=shape_of(item)), binds, Settled.read

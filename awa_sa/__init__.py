@@ -61,7 +61,8 @@ from awa_sa.core.job_rows import JobRow
 from awa_sa.core.unique_keys import Unique
 from awa_sa.enqueue.api import enqueue, enqueue_many
 from awa_sa.enqueue.new_jobs import Duplicate, EnqueuedJob, NewJob
-from awa_sa.read.api import get_job, jobs_view
+from awa_sa.read.api import get_job, jobs_view, list_jobs, queue_stats
+from awa_sa.read.statements.stats import QueueStat
 from awa_sa.settle.api import (
     reschedule_canonical_attempt,
     reschedule_canonical_attempts,
@@ -122,6 +123,7 @@ __all__ = [
     "NewJob",
     "NotAnAwaDatabase",
     "Outcome",
+    "QueueStat",
     "QueueStorageAttempt",
     "QueueStorageJobs",
     "ReadOnlyTransaction",
@@ -150,10 +152,12 @@ __all__ = [
     "get_job",
     "jobs_view",
     "list_dlq",
+    "list_jobs",
     "move_failed_to_dlq",
     "pause_queue",
     "purge_dlq",
     "purge_dlq_job",
+    "queue_stats",
     "reschedule_canonical_attempt",
     "reschedule_canonical_attempts",
     "resume_queue",

@@ -39,6 +39,7 @@ from awa_sa.core.internals import run_in_greenlet
 from awa_sa.core.job_rows import JobRow
 from awa_sa.enqueue.api_async import enqueue, enqueue_many
 from awa_sa.read import api as reads
+from awa_sa.read.statements.stats import QueueStat
 from awa_sa.settle import binds as forms
 from awa_sa.settle.api import settling, settlings
 from awa_sa.settle.inputs import AnyCall, prepare, prepare_all, prepare_batch, prepare_result
@@ -61,10 +62,12 @@ __all__ = [
     "get_dlq_job",
     "get_job",
     "list_dlq",
+    "list_jobs",
     "move_failed_to_dlq",
     "pause_queue",
     "purge_dlq",
     "purge_dlq_job",
+    "queue_stats",
     "reschedule_canonical_attempt",
     "reschedule_canonical_attempts",
     "resume_queue",
@@ -344,6 +347,28 @@ async def get_job(bind: AsyncEngine | AsyncConnection | AsyncSession, job_id: in
     or ``AsyncSession`` reads in its transaction."""
     _check_bind(bind)
     return await _on_sync(bind, reads.read, reads.get_job_step(job_id))
+
+
+async def list_jobs(
+    bind: AsyncEngine | AsyncConnection | AsyncSession,
+    *,
+    state: str | None = None,
+    kind: str | None = None,
+    queue: str | None = None,
+    tag: str | None = None,
+    before_id: int | None = None,
+    limit: int = 100,
+) -> list[JobRow]:
+    """Async :func:`awa_sa.list_jobs`; same arguments, result and errors."""
+    _check_bind(bind)
+    step = reads.list_jobs_step(state, kind, queue, tag=tag, before_id=before_id, limit=limit)
+    return await _on_sync(bind, reads.read, step)
+
+
+async def queue_stats(bind: AsyncEngine | AsyncConnection | AsyncSession) -> list[QueueStat]:
+    """Async :func:`awa_sa.queue_stats`; same arguments, result and errors."""
+    _check_bind(bind)
+    return await _on_sync(bind, reads.read, reads.queue_stats_step())
 
 
 async def _administered(

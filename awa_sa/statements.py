@@ -36,7 +36,9 @@ from awa_sa.administer.statements.queue_control import pause_queue_meta, resume_
 from awa_sa.core.registry import all_builders
 from awa_sa.enqueue.bulk import bulk_lanes, bulk_routing, bulk_write
 from awa_sa.enqueue.statements import insert_jobs, unique_holder
+from awa_sa.read.statements.listings import list_jobs_rows
 from awa_sa.read.statements.lookups import read_job, read_routing
+from awa_sa.read.statements.stats import queue_stats_rows
 from awa_sa.settle.statements.canonical import (
     ROUTING_BODY_MD5,
     canonical_move,
@@ -84,11 +86,13 @@ __all__ = [
     "insert_jobs",
     "lane_lock",
     "list_dlq_rows",
+    "list_jobs_rows",
     "move_if_canonical",
     "move_to_dlq",
     "open_claims",
     "pause_queue_meta",
     "purge_dlq_rows",
+    "queue_stats_rows",
     "read_job",
     "read_routing",
     "resume_queue_meta",

@@ -23,7 +23,10 @@ optional parts run: those build their own). Parts, in order:
    and 10,000 in one transaction against awa-pg's COPY and single calls (:mod:`bench.enqueue`,
    :mod:`bench.enqueue_bulk`);
 10. only when asked (``--only administer``): retry and discard 10,000 failed jobs against
-   awa-pg's own calls (:mod:`bench.administer`).
+   awa-pg's own calls (:mod:`bench.administer`);
+11. only when asked (``--only reads``): a job read by id and 100 orders joined with their jobs
+   on a queue-storage cluster of ``--jobs`` completed jobs, against awa-pg's ``get_job`` and
+   the ``awa.jobs`` view (:mod:`bench.reads`).
 
 Run it as ``.venv/bin/python -m bench``; figures also go to ``bench/results.json``.
 """
@@ -55,6 +58,7 @@ from bench import (
     enqueue_bulk,
     layers,
     pooled,
+    reads,
     receipts,
     server_cost,
     variants,
@@ -78,10 +82,11 @@ PARTS = (
     "endings",
     "receipts",
 )
-OPTIONAL_PARTS = ("pooled", "enqueue", "administer")
+OPTIONAL_PARTS = ("pooled", "enqueue", "administer", "reads")
 """Run only when named in --only: ``pooled`` needs pgbouncer and takes a minute, ``enqueue``
 writes 10,000 jobs many times over and takes minutes, ``administer`` has a real worker fail
-10,000 jobs per plane and copies a database for every call."""
+10,000 jobs per plane and copies a database for every call, ``reads`` has a real worker
+complete ``--jobs`` jobs."""
 
 
 def single_call(host: str, port: int, dbname: str, url: str, a: Any) -> dict[str, Any]:
@@ -285,6 +290,8 @@ def main() -> None:
     )
     parser.add_argument("--administer-size", type=int, default=10_000, help="failed jobs")
     parser.add_argument("--administer-rounds", type=int, default=3, help="rounds, median")
+    parser.add_argument("--jobs", type=int, default=10_000, help="completed jobs (reads)")
+    parser.add_argument("--reads-calls", type=int, default=200, help="awa-sa reads timed")
     parser.add_argument(
         "--cluster", choices=("awa", "fixture"), default="awa" if awa_cli() else "fixture"
     )
@@ -355,6 +362,7 @@ def main() -> None:
         timed("enqueue", enqueueing, server, a)
         size, rounds = a.administer_size, a.administer_rounds
         timed("administer", administer.run, server, a.cluster, size, rounds)
+        timed("reads", reads.run, server, a.cluster, a.jobs, a.reads_calls)
     machine = {
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -375,6 +383,8 @@ def main() -> None:
         print(enqueue.summary(results["enqueue"]))
     if "administer" in results:
         print(administer.summary(results["administer"]))
+    if "reads" in results:
+        print(reads.summary(results["reads"]))
     a.json.write_text(json.dumps(results, indent=2, default=str))
     print(f"{results['seconds']:.0f} s; figures written to {a.json}")
 

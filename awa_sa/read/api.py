@@ -1,4 +1,5 @@
-"""Reading jobs in the caller's transaction: ``get_job``, and ``jobs_view`` to join.
+"""Reading jobs in the caller's transaction: ``get_job``, ``list_jobs``, ``queue_stats``,
+and ``jobs_view`` to join.
 
 awa-pg 0.6.9's ``Client.get_job`` reads on the client's own pool, outside the service's
 transaction, and on queue storage puts the job together from several statements in Rust.
@@ -20,8 +21,10 @@ from awa_sa.core.driver_errors import translated
 from awa_sa.core.errors import ValidationError
 from awa_sa.core.job_rows import JobRow
 from awa_sa.read.statements.jobs import job_selectable
+from awa_sa.read.statements.listings import QS_LIMIT, list_jobs_rows
 from awa_sa.read.statements.lookups import ROUTING, job_rows, read_job
 from awa_sa.read.statements.schemas import of_schema, placeholder
+from awa_sa.read.statements.stats import QueueStat, queue_stats_of, queue_stats_rows
 from awa_sa.tables.queue_storage import translate_map
 
 if TYPE_CHECKING:
@@ -35,11 +38,11 @@ CANONICAL = "canonical"
 BIGINT_MAX = 2**63 - 1
 
 
-def job_id_of(job_id: object) -> int:
+def job_id_of(job_id: object, name: str = "job_id") -> int:
     if not isinstance(job_id, int) or isinstance(job_id, bool):
-        raise ValidationError(f"job_id must be an int, got {type(job_id).__name__}")
+        raise ValidationError(f"{name} must be an int, got {type(job_id).__name__}")
     if not -BIGINT_MAX - 1 <= job_id <= BIGINT_MAX:
-        raise ValidationError(f"job_id must be a bigint, got {job_id}")
+        raise ValidationError(f"{name} must be a bigint, got {job_id}")
     return job_id
 
 
@@ -84,6 +87,97 @@ def get_job(bind: Engine | Connection | Session, job_id: int) -> JobRow | None:
     """
     check_bind(bind)
     return read(bind, get_job_step(job_id))
+
+
+JOB_STATES = frozenset(
+    {
+        "scheduled",
+        "available",
+        "running",
+        "completed",
+        "retryable",
+        "failed",
+        "cancelled",
+        "waiting_external",
+    }
+)
+
+
+def _text_or_none(name: str, value: object) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ValidationError(f"{name} must be a str or None, got {type(value).__name__}")
+    return value
+
+
+def list_jobs_step(
+    state: object, kind: object, queue: object, *, tag: object, before_id: object, limit: object
+) -> Step[list[JobRow]]:
+    """The validated step of :func:`list_jobs`, for either face."""
+    if _text_or_none("state", state) is not None and state not in JOB_STATES:
+        raise ValidationError(f"unknown job state: {state}")
+    limit = job_id_of(limit, "limit")
+    asked = {
+        "b_state": state,
+        "b_kind": _text_or_none("kind", kind),
+        "b_queue": _text_or_none("queue", queue),
+        "b_tag": _text_or_none("tag", tag),
+        "b_before_id": None if before_id is None else job_id_of(before_id, "before_id"),
+    }
+
+    def step(conn: Connection) -> list[JobRow]:
+        schema = run(conn, ROUTING, None)
+        if schema is None:
+            if limit < 0:  # awa-pg sends it, and PostgreSQL refuses a negative LIMIT
+                raise ValidationError(f"limit must not be negative, got {limit}")
+            rows = execute(conn, list_jobs_rows(plane="canonical"), asked | {"b_limit": limit})
+            return job_rows(rows, CANONICAL)
+        clamped = min(max(limit, QS_LIMIT[0]), QS_LIMIT[1])
+        query = list_jobs_rows(plane="queue_storage")
+        return job_rows(execute(conn, query, asked | {"b_limit": clamped}, schema), schema)
+
+    return step
+
+
+def list_jobs(
+    bind: Engine | Connection | Session,
+    *,
+    state: str | None = None,
+    kind: str | None = None,
+    queue: str | None = None,
+    tag: str | None = None,
+    before_id: int | None = None,
+    limit: int = 100,
+) -> list[JobRow]:
+    """Jobs as awa-pg 0.6.9's ``Client.list_jobs`` lists them, newest id first, each as
+    :func:`get_job` reads it, in the bind's transaction: filtered by *state*, *kind*, *queue*
+    and *tag* (awa-model's filter, which awa-pg's Python client does not pass), and paged by
+    *before_id* (only ids below it: pass the last id of the previous page).
+
+    On queue storage awa-pg lists only the jobs its listing rows name, which leaves out a job
+    running under a receipt, and clamps *limit* to 1..1000; so does this (docs/reading.md).
+    """
+    check_bind(bind)
+    step = list_jobs_step(state, kind, queue, tag=tag, before_id=before_id, limit=limit)
+    return read(bind, step)
+
+
+def queue_stats_step() -> Step[list[QueueStat]]:
+    """The step of :func:`queue_stats`, for either face."""
+
+    def step(conn: Connection) -> list[QueueStat]:
+        schema = run(conn, ROUTING, None)
+        query = queue_stats_rows(plane="canonical" if schema is None else "queue_storage")
+        return queue_stats_of(execute(conn, query, {}, schema))
+
+    return step
+
+
+def queue_stats(bind: Engine | Connection | Session) -> list[QueueStat]:
+    """Every queue's counts as awa-pg 0.6.9's ``Client.queue_stats`` reports them, in queue
+    order, read in the bind's transaction: on the canonical plane from the maintenance
+    leader's cached counts, on queue storage counted from the listing rows (docs/reading.md)."""
+    check_bind(bind)
+    return read(bind, queue_stats_step())
 
 
 def jobs_view(queue_storage: str | None = "awa") -> Select[Any]:

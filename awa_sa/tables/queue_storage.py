@@ -179,6 +179,15 @@ class reserve_enqueue_seq(SchemaTranslatedFunction):
     schema = QS_PLACEHOLDER
 
 
+class sequence_next_value(SchemaTranslatedFunction):
+    """``S.sequence_next_value(seq_name)``: the number a lane sequence gives next (a claim
+    cursor's, for the reads: a ready row at or past it is not claimed yet)."""
+
+    inherit_cache = True
+    name = "sequence_next_value"
+    schema = QS_PLACEHOLDER
+
+
 # The receipt plane: what a queue-storage runtime claims, and what closes a claim. awa-sa reads
 # these to list running attempts (awa_sa.settle.running) and writes the closures when it settles one
 # (awa_sa.settle.statements.receipt_settles).

@@ -7,7 +7,9 @@ column as ``awa migrate`` creates them, and compared with a real cluster only
 (tests/integration/test_metadata_reflection.py): the fixture schema has no such tables, so a
 retry on a queue-storage fixture cluster that finds a job to retry fails there. The reads
 (:mod:`awa_sa.read`) leave out a compact completion under ``receipt_completion_tombstones``, as
-the schema's ``terminal_jobs`` view does.
+the schema's ``terminal_jobs`` view does, and a ready row under ``ready_tombstones``, as awa-pg's
+listing does; ``queue_stats`` reads the queue names and counts of ``awa.queue_state_counts``,
+``awa.queue_descriptors`` and ``awa.runtime_instances``, as awa-pg's ``queue_overviews`` does.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from sqlalchemy import (
     SmallInteger,
     Table,
     Text,
+    Uuid,
 )
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from awa_sa.tables.canonical import AWA_SCHEMA, Timestamp
 from awa_sa.tables.queue_storage import QS_PLACEHOLDER
@@ -86,3 +90,81 @@ receipt_completion_tombstones = Table(
 )
 """A compact completion's position deleted (by awa-pg's admin delete): ``terminal_jobs``
 leaves it out."""
+
+ready_tombstones = Table(
+    "ready_tombstones",
+    metadata,
+    Column("ready_slot", Integer, nullable=False),
+    Column("ready_generation", BigInteger, nullable=False),
+    Column("queue", Text, nullable=False),
+    Column("priority", SmallInteger, nullable=False),
+    Column("enqueue_shard", SmallInteger, nullable=False),
+    Column("lane_seq", BigInteger, nullable=False),
+    Column("job_id", BigInteger, nullable=False),
+    Column("tombstoned_at", Timestamp, nullable=False),
+    PrimaryKeyConstraint(
+        "ready_slot", "queue", "priority", "enqueue_shard", "lane_seq", "ready_generation"
+    ),
+)
+"""A ready row taken back before its claim (an available job cancelled or deleted): awa-pg's
+listing counts it no longer available."""
+
+_COUNTS = ("scheduled", "available", "running", "completed", "retryable", "failed")
+
+queue_state_counts = Table(
+    "queue_state_counts",
+    metadata,
+    Column("queue", Text, primary_key=True),
+    *(Column(name, BigInteger, nullable=False) for name in _COUNTS),
+    Column("cancelled", BigInteger, nullable=False),
+    Column("waiting_external", BigInteger, nullable=False),
+    schema=AWA_SCHEMA,
+)
+"""The canonical plane's counts per queue and state, a cache the maintenance leader keeps:
+what awa-pg's ``queue_stats`` reports while routing is canonical."""
+
+queue_descriptors = Table(
+    "queue_descriptors",
+    metadata,
+    Column("queue", Text, primary_key=True),
+    Column("display_name", Text),
+    Column("description", Text),
+    Column("owner", Text),
+    Column("docs_url", Text),
+    Column("tags", ARRAY(Text), nullable=False),
+    Column("extra", JSONB, nullable=False),
+    Column("descriptor_hash", Text, nullable=False),
+    Column("sync_interval_ms", BigInteger, nullable=False),
+    Column("created_at", Timestamp, nullable=False),
+    Column("updated_at", Timestamp, nullable=False),
+    Column("last_seen_at", Timestamp, nullable=False),
+    schema=AWA_SCHEMA,
+)
+"""The queues a worker's code declared; ``queue_stats`` lists each."""
+
+runtime_instances = Table(
+    "runtime_instances",
+    metadata,
+    Column("instance_id", Uuid, primary_key=True),
+    Column("hostname", Text),
+    Column("pid", Integer, nullable=False),
+    Column("version", Text, nullable=False),
+    Column("started_at", Timestamp, nullable=False),
+    Column("last_seen_at", Timestamp, nullable=False),
+    Column("snapshot_interval_ms", BigInteger, nullable=False),
+    *(
+        Column(name, Boolean, nullable=False)
+        for name in ("healthy", "postgres_connected", "poll_loop_alive", "heartbeat_alive")
+    ),
+    Column("shutting_down", Boolean, nullable=False),
+    Column("leader", Boolean, nullable=False),
+    Column("global_max_workers", Integer),
+    Column("queues", JSONB, nullable=False),
+    Column("maintenance_alive", Boolean, nullable=False),
+    Column("queue_descriptor_hashes", JSONB, nullable=False),
+    Column("job_kind_descriptor_hashes", JSONB, nullable=False),
+    Column("storage_capability", Text, nullable=False),
+    Column("transition_role", Text, nullable=False),
+    schema=AWA_SCHEMA,
+)
+"""The runtimes' snapshots; ``queue_stats`` lists every queue one reports a descriptor for."""

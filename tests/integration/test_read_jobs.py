@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 import awa_sa
 import awa_sa.asyncio
+import awa_sa.read.api
 from awa_sa.core.compiled import compiled
 from awa_sa.read.statements.lookups import read_job
 from awa_sa.testing import queue_storage_attempt
@@ -56,7 +57,23 @@ def _rfc3339(text: str | None) -> str | None:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).isoformat()
 
 
-async def _awa_pg_jobs(url: str, ids: list[int]) -> dict[int, Any]:
+LISTINGS: list[dict[str, Any]] = [
+    {},
+    *({"state": state} for state in sorted(awa_sa.read.api.JOB_STATES)),
+    {"kind": "complete_rich"},
+    {"queue": "run_q"},
+    {"queue": "run_q", "state": "completed", "kind": "complete_bare"},
+    {"queue": "idle_q"},
+    {"limit": 3},
+    {"limit": 1, "state": "failed"},
+    {"limit": 0},
+]
+"""The listings compared: every filter awa-pg's ``list_jobs`` takes, alone and together, and
+limits (0 is clamped to 1 on queue storage, not on the canonical plane)."""
+
+
+async def _awa_pg_reads(url: str, ids: list[int]) -> tuple[dict[int, Any], list[Any], list[Any]]:
+    """awa-pg's ``get_job`` of each id, its ``list_jobs`` of each listing, its ``queue_stats``."""
     client = awa.AsyncClient(pg_url(url))
     try:
         found: dict[int, Any] = {}
@@ -67,17 +84,25 @@ async def _awa_pg_jobs(url: str, ids: list[int]) -> dict[int, Any]:
                 found[job_id] = None
                 missing = str(exc)
                 assert "job not found" in missing
-        return found
+        listed = [await client.list_jobs(**listing) for listing in LISTINGS]
+        return found, listed, await client.queue_stats()
     finally:
         await client.close()
 
 
-def _compare(url: str, engine: sa.Engine, schema: str | None) -> Callable[[Seeded], None]:
+def _compare(
+    url: str, engine: sa.Engine, schema: str | None, before: list[int]
+) -> Callable[[Seeded], None]:
     def compare(made: Seeded) -> None:
-        ids = sorted({*made.ids.values(), 1, 2**40})
-        theirs = asyncio.run(_awa_pg_jobs(url, ids))
+        ids = sorted({*made.ids.values(), *before, 1, 2**40})
+        theirs, their_lists, their_stats = asyncio.run(_awa_pg_reads(url, ids))
         with engine.begin() as conn:
             mine = {job_id: awa_sa.get_job(conn, job_id) for job_id in ids}
+            my_lists = [awa_sa.list_jobs(conn, **listing) for listing in LISTINGS]
+            my_stats = awa_sa.queue_stats(conn)
+            listed_all = awa_sa.list_jobs(conn, limit=1000)
+            by_tag = awa_sa.list_jobs(conn, tag="x")
+            paged = awa_sa.list_jobs(conn, before_id=listed_all[2].id, limit=3)
             conn.execute(sa.text("CREATE TEMP TABLE orders (id serial, job_id bigint)"))
             conn.execute(sa.text("INSERT INTO orders (job_id) SELECT unnest(:ids)"), {"ids": ids})
             orders = sa.table("orders", sa.column("id"), sa.column("job_id"))
@@ -96,8 +121,31 @@ def _compare(url: str, engine: sa.Engine, schema: str | None) -> Callable[[Seede
         assert {"available", "scheduled", "running", "waiting_external", "retryable"} <= states
         assert {"completed", "failed", "cancelled"} <= states
         assert all(getattr(mine[held], "state", None) != "available" for held in made.held)
+        for listing, ours, listed in zip(LISTINGS, my_lists, their_lists, strict=True):
+            assert [j.id for j in ours] == [j.id for j in listed], listing
+            for row, job in zip(ours, listed, strict=True):
+                same_as_awa_pg(row, job)
+        assert any(my_lists), "every listing came back empty"
+        for job_id in before:  # canonical; in mixed_transition still draining, and hidden
+            assert (theirs[job_id] is None) == (schema is not None), job_id
+            assert job_id not in {j.id for j in listed_all} or schema is None, job_id
+        assert by_tag == [j for j in listed_all if "x" in j.tags][:100]
+        assert paged == [j for j in listed_all if j.id < listed_all[2].id][:3]
+        assert len(my_stats) == len(their_stats) > 0
+        for stat, their in zip(my_stats, their_stats, strict=True):
+            for name in QUEUE_STAT_FIELDS:
+                assert getattr(stat, name) == getattr(their, name), (stat.queue, name)
+            if their.lag_seconds is None:
+                assert stat.lag_seconds is None, stat.queue
+            else:  # measured against the clock, a moment apart
+                assert abs((stat.lag_seconds or 0) - their.lag_seconds) < 30, stat.queue
 
     return compare
+
+
+QUEUE_STAT_FIELDS: tuple[str, ...] = ("queue", "total_queued", "scheduled", "available")
+QUEUE_STAT_FIELDS += ("retryable", "running", "failed", "waiting_external")
+QUEUE_STAT_FIELDS += ("completed_last_hour", "paused")
 
 
 def _fields(row: Any) -> dict[str, Any]:
@@ -117,8 +165,11 @@ def test_every_state_reads_as_awa_pg_reads_it(
     engine = sa.create_engine(url, poolclass=sa.NullPool)
     dbname = sa.make_url(url).database or ""
     try:
+        before = []
         if phase != "active":  # a job first keeps the first runtime from finalizing
-            asyncio.run(_enqueue_before(url))
+            with engine.begin() as conn:  # an id queue storage's own sequence will not reach
+                conn.execute(sa.text("SELECT setval('awa.jobs_id_seq', 1000)"))
+            before.append(asyncio.run(_enqueue_before(url)))
         schema, role = None, None
         if phase != "canonical":
             details = '{"schema": "awa_qs"}'
@@ -131,17 +182,18 @@ def test_every_state_reads_as_awa_pg_reads_it(
                 run_awa(pg, dbname, "storage", "finalize")
                 role = None
         made = asyncio.run(
-            populated(url, engine, _compare(url, engine, schema), schema=schema, role=role)
+            populated(url, engine, _compare(url, engine, schema, before), schema=schema, role=role)
         )
         assert (made.dlq_refused is None) == (phase != "canonical")
     finally:
         engine.dispose()
 
 
-async def _enqueue_before(url: str) -> None:
+async def _enqueue_before(url: str) -> int:
+    """A canonical job: in mixed_transition it is still draining there, hidden by awa-pg."""
     client = awa.AsyncClient(pg_url(url))
     try:
-        await client.insert({"n": 0}, kind="before", queue="idle_q")
+        return (await client.insert({"n": 0}, kind="before", queue="idle_q")).id
     finally:
         await client.close()
 
@@ -195,6 +247,34 @@ async def test_the_async_twin_reads_in_its_transaction(queue_storage: sa.Engine)
             assert (await awa_sa.asyncio.get_job(conn, job.id)).state == "available"  # type: ignore[union-attr]
     finally:
         await async_engine.dispose()
+
+
+async def test_listings_and_counts_read_in_the_callers_transaction(
+    queue_storage: sa.Engine,
+) -> None:
+    """list_jobs and queue_stats see the transaction's own enqueue, on both faces."""
+    async_engine = create_async_engine(queue_storage.url, poolclass=sa.NullPool)
+    try:
+        async with async_engine.connect() as conn:
+            job = await awa_sa.asyncio.enqueue(conn, {"n": 4}, kind="listed", queue="lq")
+            mine = await awa_sa.asyncio.list_jobs(conn, kind="listed")
+            assert [(j.id, j.state, j.storage) for j in mine] == [(job.id, "available", "awa")]
+            stats = {s.queue: s for s in await awa_sa.asyncio.queue_stats(conn)}
+            assert (stats["lq"].available, stats["lq"].total_queued) == (1, 1)
+            assert await awa_sa.asyncio.list_jobs(async_engine, kind="listed") == []
+            await conn.rollback()
+        with queue_storage.connect() as sync:
+            assert awa_sa.list_jobs(sync, kind="listed") == []
+            assert "lq" not in {s.queue for s in awa_sa.queue_stats(sync)}
+    finally:
+        await async_engine.dispose()
+
+
+def test_a_listing_refuses_what_awa_pg_refuses(queue_storage: sa.Engine) -> None:
+    with pytest.raises(awa_sa.ValidationError, match="unknown job state: done"):
+        awa_sa.list_jobs(queue_storage, state="done")
+    with pytest.raises(awa_sa.ValidationError, match="limit must be an int"):
+        awa_sa.list_jobs(queue_storage, limit="5")  # type: ignore[arg-type]
 
 
 def _plan(conn: sa.Connection, sql: str, params: dict[str, Any] | None) -> dict[str, Any]:

@@ -188,7 +188,7 @@ class Lab:
         self._enqueue(kind, n)
         enqueued = time.monotonic()
         done, errors = worker.done()
-        unfinished, end = self._settled(kind, done)
+        unfinished, end = self._settled(done)
         cpu = worker.cpu() - cpu
         statements = self._statements()
         with self.harness.connect() as conn:
@@ -239,17 +239,24 @@ class Lab:
                 )
         return sorted(out, key=lambda s: -(s["plan_ms"] + s["exec_ms"]))
 
-    def _settled(self, kind: str, done: float) -> tuple[int, float]:
-        """The worker's word (none in flight, *done*) checked against the database: the jobs
-        of *kind* still unfinished, and when they were all seen finished. The runtime's
-        completions are batched, and seen to lag the in-flight count now and then."""
-        unfinished = sa.text(
-            "SELECT count(*) FROM awa.jobs WHERE kind = :k AND state <> 'completed'"
+    def _settled(self, done: float) -> tuple[int, float]:
+        """The worker's word (none in flight, at *done*) checked with awa-pg's own queue
+        counts: the jobs of the queue still unfinished, and when they were all seen finished
+        (the runtime's completions are batched, and now and then lag its in-flight count).
+        Not ``awa.jobs``: on queue storage its count takes minutes once psycopg prepares it;
+        and on canonical the counts lag by up to a second (the leader's recompute)."""
+        canonical = sa.text(
+            "SELECT (SELECT count(*) FROM awa.jobs_hot WHERE queue = :q AND state <> 'completed')"
+            " + (SELECT count(*) FROM awa.scheduled_jobs WHERE queue = :q)"
         )
         end = done
         while True:
-            with self.harness.connect() as conn:
-                left = int(conn.execute(unfinished, {"k": kind}).scalar_one())
+            if self.plane == "canonical":
+                with self.harness.connect() as conn:
+                    left = int(conn.execute(canonical, {"q": QUEUE}).scalar_one())
+            else:
+                [stat] = [q for q in self.producer.queue_stats() if q.queue == QUEUE]
+                left = stat.available + stat.running + stat.retryable + stat.scheduled
             if not left or time.monotonic() - done > 30:
                 return left, end
             time.sleep(0.01)
@@ -265,9 +272,16 @@ class Lab:
                 worker.arm(HISTORY_KIND, n)
                 self._enqueue(HISTORY_KIND, n)
                 worker.done()
+        seconds = time.monotonic() - start
         with self.harness.connect() as conn:
-            conn.execute(sa.text("ANALYZE"))
-        return {"finished": self.enqueued, "seconds": time.monotonic() - start}
+            conn.execute(sa.text("ANALYZE"))  # as autovacuum would have, in time
+            # What the cluster still holds: queue storage prunes a ring's slot as it rotates.
+            schema = conn.execute(sa.text("SELECT awa.active_queue_storage_schema()")).scalar()
+            table = f"{schema}.done_entries" if schema else "awa.jobs_hot WHERE state = 'completed'"
+            held = conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar_one()
+            live = sa.text("SELECT sum(n_live_tup) FROM pg_stat_user_tables WHERE schemaname = :s")
+            rows = conn.execute(live, {"s": schema or "awa"}).scalar_one()
+        return {"finished": self.enqueued, "held": held, "rows": rows, "seconds": seconds}
 
 
 def group_of(role: str, query: str, runtime: str) -> str | None:
@@ -339,7 +353,10 @@ def summary(result: dict[str, Any]) -> str:
     recipe's statements in its last run at each."""
     lines = [f"handlers: a real awa-pg worker, {result['rounds']} interleaved rounds"]
     for plane, grown in result["grown"].items():
-        lines.append(f"  {plane} grown to {grown['finished']:,} jobs in {grown['seconds']:.0f} s")
+        lines.append(
+            f"  {plane}: {grown['finished']:,} jobs finished in {grown['seconds']:.0f} s,"
+            f" {grown['held']:,} of them held as completed, {grown['rows']:,} rows in its schema"
+        )
     last: dict[tuple[str, int, int], dict[str, Any]] = {}
     for r in result["runs"]:
         if r["handler"] == "recipe":

@@ -27,6 +27,9 @@ optional parts run: those build their own). Parts, in order:
 11. only when asked (``--only reads``): a job read by id and 100 orders joined with their jobs
    on a queue-storage cluster of ``--jobs`` completed jobs, against awa-pg's ``get_job`` and
    the ``awa.jobs`` view (:mod:`bench.reads`).
+12. only when asked (``--only handlers``): the README's exactly-once recipe inside a real awa-pg
+   worker under load, against a handler that returns at once and one that commits its row alone
+   (:mod:`bench.handlers`).
 
 Run it as ``.venv/bin/python -m bench``; figures also go to ``bench/results.json``.
 """
@@ -56,6 +59,7 @@ from bench import (
     endings,
     enqueue,
     enqueue_bulk,
+    handlers,
     layers,
     pooled,
     reads,
@@ -82,11 +86,12 @@ PARTS = (
     "endings",
     "receipts",
 )
-OPTIONAL_PARTS = ("pooled", "enqueue", "administer", "reads")
+OPTIONAL_PARTS = ("pooled", "enqueue", "administer", "reads", "handlers")
 """Run only when named in --only: ``pooled`` needs pgbouncer and takes a minute, ``enqueue``
 writes 10,000 jobs many times over and takes minutes, ``administer`` has a real worker fail
 10,000 jobs per plane and copies a database for every call, ``reads`` has a real worker
-complete ``--jobs`` jobs."""
+complete ``--reads-jobs`` jobs, ``handlers`` runs a real worker through thousands of jobs per
+handler, plane and concurrency."""
 
 
 def single_call(host: str, port: int, dbname: str, url: str, a: Any) -> dict[str, Any]:
@@ -290,8 +295,30 @@ def main() -> None:
     )
     parser.add_argument("--administer-size", type=int, default=10_000, help="failed jobs")
     parser.add_argument("--administer-rounds", type=int, default=3, help="rounds, median")
-    parser.add_argument("--jobs", type=int, default=10_000, help="completed jobs (reads)")
+    parser.add_argument("--reads-jobs", type=int, default=10_000, help="completed jobs (reads)")
     parser.add_argument("--reads-calls", type=int, default=200, help="awa-sa reads timed")
+    parser.add_argument(
+        "--jobs", type=int, default=2000, help="handlers: jobs a run at concurrency 16 (fewer at 1)"
+    )
+    parser.add_argument(
+        "--history",
+        type=int,
+        default=0,
+        help="handlers: then grow each plane to this many finished jobs and measure again",
+    )
+    parser.add_argument(
+        "--handlers-concurrency",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[1, 16],
+        help="handlers: the queue's concurrencies, comma-separated",
+    )
+    parser.add_argument(
+        "--handlers-planes",
+        type=lambda text: text.split(","),
+        default=list(handlers.PLANES),
+        help="handlers: comma-separated, of " + ", ".join(handlers.PLANES),
+    )
+    parser.add_argument("--handlers-rounds", type=int, default=2, help="handlers: rounds")
     parser.add_argument(
         "--cluster", choices=("awa", "fixture"), default="awa" if awa_cli() else "fixture"
     )
@@ -362,7 +389,10 @@ def main() -> None:
         timed("enqueue", enqueueing, server, a)
         size, rounds = a.administer_size, a.administer_rounds
         timed("administer", administer.run, server, a.cluster, size, rounds)
-        timed("reads", reads.run, server, a.cluster, a.jobs, a.reads_calls)
+        timed("reads", reads.run, server, a.cluster, a.reads_jobs, a.reads_calls)
+        if "handlers" in only and a.cluster != "awa":
+            raise SystemExit("part handlers needs the awa CLI (awa migrate) for its clusters")
+        timed("handlers", handlers.run, server, a)
     machine = {
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -385,6 +415,8 @@ def main() -> None:
         print(administer.summary(results["administer"]))
     if "reads" in results:
         print(reads.summary(results["reads"]))
+    if "handlers" in results:
+        print(handlers.summary(results["handlers"]))
     a.json.write_text(json.dumps(results, indent=2, default=str))
     print(f"{results['seconds']:.0f} s; figures written to {a.json}")
 

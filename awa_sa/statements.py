@@ -17,6 +17,12 @@ Bind names carry a prefix (``guard_``, ``b_``) because SQLAlchemy reserves a col
 its VALUES/SET parameter in ``insert()``/``update()``.
 """
 
+from awa_sa.administer.statements.available import (
+    available_lane,
+    cancel_available,
+    claim_head_lock,
+    unique_candidate,
+)
 from awa_sa.administer.statements.callback_leases import cancel_lease, retry_lease
 from awa_sa.administer.statements.canonical import (
     cancel_job_canonical,
@@ -59,10 +65,13 @@ __all__ = [
     "LIFECYCLE_DUPLICATE",
     "ROUTING_BODY_MD5",
     "all_builders",
+    "available_lane",
+    "cancel_available",
     "cancel_deferred",
     "cancel_job_canonical",
     "cancel_lease",
     "canonical_move",
+    "claim_head_lock",
     "claim_unique_keys",
     "claims_cancelled_only",
     "clock",
@@ -92,5 +101,6 @@ __all__ = [
     "ring_cursor",
     "routing_lock",
     "take_and_allocate",
+    "unique_candidate",
     "unique_holder",
 ]

@@ -21,12 +21,14 @@ from awa_sa.administer.statements.available import (
     available_lane,
     cancel_available,
     claim_head_lock,
+    drain_targets,
     unique_candidate,
 )
 from awa_sa.administer.statements.callback_leases import cancel_lease, retry_lease
 from awa_sa.administer.statements.canonical import (
     cancel_job_canonical,
     discard_failed_canonical,
+    drain_queue_canonical,
     retry_failed_canonical,
     retry_job_canonical,
 )
@@ -78,6 +80,8 @@ __all__ = [
     "deferred_lane",
     "discard_failed_canonical",
     "discard_failed_qs",
+    "drain_queue_canonical",
+    "drain_targets",
     "end_attempts",
     "ensure_lane_head",
     "ensure_lane_row",

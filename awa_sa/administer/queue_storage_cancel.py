@@ -22,6 +22,7 @@ from awa_sa.administer.statements.available import (
     available_lane,
     cancel_available,
     claim_head_lock,
+    drain_targets,
     unique_candidate,
 )
 from awa_sa.administer.statements.deferred import (
@@ -59,9 +60,21 @@ class JobFields:
     storage: str
 
 
-def cancel_on_queue_storage(conn: Connection, schema: str, job_id: int) -> list[Any]:
+def drained(conn: Connection, schema: str, queue: str) -> int:
+    """Cancel every pending job of *queue* as awa-pg's ``drain_queue`` does there: its
+    available, deferred and callback-waiting jobs, by id, each as ``cancel_job`` cancels it;
+    one that ended meanwhile is passed over, as awa-pg passes it. How many were cancelled."""
+    options = {"schema_translate_map": translate_map(schema)}
+    ids = conn.execute(drain_targets(), {"b_key": queue}, execution_options=options).scalars()
+    return sum(len(cancel_on_queue_storage(conn, schema, int(i), gone_ok=True)) for i in ids)
+
+
+def cancel_on_queue_storage(
+    conn: Connection, schema: str, job_id: int, *, gone_ok: bool = False
+) -> list[Any]:
     """Cancel a scheduled, retryable, available, running or callback-waiting job of *schema*
-    as awa-pg does (docs/administer.md); anything else there is refused."""
+    as awa-pg does (docs/administer.md); anything else there is refused, or with *gone_ok*
+    passed over (no rows)."""
     options = {"schema_translate_map": translate_map(schema)}
     binds = {"b_job_id": job_id}
     # The row locked first: a promotion holding it makes this wait, then find it gone.
@@ -71,7 +84,9 @@ def cancel_on_queue_storage(conn: Connection, schema: str, job_id: int) -> list[
         if available:
             return available
         waiting = cancelled_lease(conn, schema, job_id)
-        return [waiting] if waiting is not None else _cancel_running(conn, schema, job_id)
+        if waiting is not None:
+            return [waiting]
+        return _cancel_running(conn, schema, job_id, gone_ok=gone_ok)
     if conn.execute(claims_cancelled_only(), binds, execution_options=options).scalar_one():
         raise QueueStorageJobs("cancel_job", schema, _MASK.format(job_id))
     ring = run(conn, RING_CURSOR, None, schema)
@@ -113,11 +128,15 @@ def unique_holder_on_queue_storage(
     return None if found is None else int(found)
 
 
-def _cancel_running(conn: Connection, schema: str, job_id: int) -> list[Any]:
+def _cancel_running(
+    conn: Connection, schema: str, job_id: int, *, gone_ok: bool = False
+) -> list[Any]:
     """Close the job's open receipt as cancelled, as awa-pg's cancel does, and tell its
     handler: the settle of a receipt (``statements.receipt_settles``) with awa-pg's admin
     cancel's rows, then the ``awa:cancel`` NOTIFY."""
     mine = [a for a in running_attempts(conn, job_id=job_id) if a.storage == schema]
+    if not mine and gone_ok:
+        return []
     if not mine:
         why = f"job {job_id} is none of its scheduled, retryable, available or running jobs"
         raise QueueStorageJobs("cancel_job", schema, f"{why} (terminal or unknown)")

@@ -28,6 +28,7 @@ from sqlalchemy import (
     ColumnElement,
     LargeBinary,
     Select,
+    Text,
     and_,
     bindparam,
     delete,
@@ -223,3 +224,18 @@ def unique_candidate() -> Select[Any]:
         .where(leased.c.unique_key == key),
     ).subquery("candidates")
     return select(candidates.c.job_id).order_by(candidates.c.job_id).limit(ONE)
+
+
+@statement
+def drain_targets() -> Select[Any]:
+    """awa-pg 0.6.9's drain of queue ``b_key`` on queue storage: the ids of its available lane
+    rows, deferred jobs and callback waits (``leases`` rows ``waiting_external``), by id."""
+    key = bindparam("b_key", type_=Text)
+    ready, deferred, leases = qs.ready_entries, qs.deferred_jobs, qs.leases
+    waiting = leases.c.state == state("waiting_external")
+    ids = union_all(
+        select(ready.c.job_id).where(ready.c.queue == key, _unclaimed(ready)),
+        select(deferred.c.job_id).where(deferred.c.queue == key),
+        select(leases.c.job_id).where(leases.c.queue == key, waiting),
+    ).subquery("pending")
+    return select(ids.c.job_id).order_by(ids.c.job_id)

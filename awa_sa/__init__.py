@@ -40,7 +40,7 @@ from awa_sa.administer.dead_letters import (
     purge_dlq,
     purge_dlq_job,
 )
-from awa_sa.administer.queue_control import pause_queue, resume_queue
+from awa_sa.administer.queue_control import drain_queue, pause_queue, resume_queue
 from awa_sa.core.errors import (
     AmbiguousAttempt,
     AttemptNotFound,
@@ -146,6 +146,7 @@ __all__ = [
     "cancel_job",
     "discard_failed",
     "dlq_depth",
+    "drain_queue",
     "enqueue",
     "enqueue_many",
     "get_dlq_job",

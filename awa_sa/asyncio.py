@@ -57,6 +57,7 @@ __all__ = [
     "cancel_job",
     "discard_failed",
     "dlq_depth",
+    "drain_queue",
     "enqueue",
     "enqueue_many",
     "get_dlq_job",
@@ -255,6 +256,11 @@ async def retry_failed(
 async def discard_failed(bind: AsyncEngine | AsyncConnection | AsyncSession, kind: str) -> int:
     """Async :func:`awa_sa.discard_failed`; same arguments, result and errors."""
     return await _administered(bind, administer.discard_failed_step(kind))
+
+
+async def drain_queue(bind: AsyncEngine | AsyncConnection | AsyncSession, queue: str) -> int:
+    """Async :func:`awa_sa.drain_queue`; same arguments, result and errors."""
+    return await _administered(bind, queue_control.drain_queue_step(queue))
 
 
 async def pause_queue(

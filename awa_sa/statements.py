@@ -17,10 +17,18 @@ Bind names carry a prefix (``guard_``, ``b_``) because SQLAlchemy reserves a col
 its VALUES/SET parameter in ``insert()``/``update()``.
 """
 
+from awa_sa.administer.statements.available import (
+    available_lane,
+    cancel_available,
+    claim_head_lock,
+    drain_targets,
+    unique_candidate,
+)
 from awa_sa.administer.statements.callback_leases import cancel_lease, retry_lease
 from awa_sa.administer.statements.canonical import (
     cancel_job_canonical,
     discard_failed_canonical,
+    drain_queue_canonical,
     retry_failed_canonical,
     retry_job_canonical,
 )
@@ -63,13 +71,16 @@ __all__ = [
     "LIFECYCLE_DUPLICATE",
     "ROUTING_BODY_MD5",
     "all_builders",
+    "available_lane",
     "bulk_lanes",
     "bulk_routing",
     "bulk_write",
+    "cancel_available",
     "cancel_deferred",
     "cancel_job_canonical",
     "cancel_lease",
     "canonical_move",
+    "claim_head_lock",
     "claim_of_job",
     "claim_unique_keys",
     "claims_cancelled_only",
@@ -77,6 +88,8 @@ __all__ = [
     "deferred_lane",
     "discard_failed_canonical",
     "discard_failed_qs",
+    "drain_queue_canonical",
+    "drain_targets",
     "end_attempts",
     "ensure_lane_head",
     "ensure_lane_row",
@@ -104,5 +117,6 @@ __all__ = [
     "ring_cursor",
     "routing_lock",
     "take_and_allocate",
+    "unique_candidate",
     "unique_holder",
 ]

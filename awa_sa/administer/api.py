@@ -11,8 +11,8 @@ Each call validates its input before any connection is touched, then, in the bin
 (:func:`awa_sa.core.binds.administered`), share-locks the transition singleton (the routing lock,
 as a reschedule takes it) and sends one statement that reads routing afresh and writes only
 while routing is canonical (:mod:`awa_sa.administer.statements.canonical`). Once routing points at
-queue storage that statement wrote nothing: a cancel of a scheduled, retryable or running job
-goes on in the routing schema (:mod:`awa_sa.administer.statements.deferred`), a retry or
+queue storage that statement wrote nothing: a cancel goes on in the routing schema
+(:mod:`awa_sa.administer.queue_storage_cancel`), a retry or
 discard of failed jobs too (:mod:`awa_sa.administer.queue_storage`), a cancel or retry of a callback
 wait as well (:mod:`awa_sa.administer.callback_leases`), and what awa-sa cannot write there as
 awa-pg does raises :class:`~awa_sa.core.errors.QueueStorageJobs`.
@@ -26,8 +26,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection, Engine, Select
 
-from awa_sa.administer.callback_leases import cancelled_lease
 from awa_sa.administer.queue_storage import discarded, retried
+from awa_sa.administer.queue_storage_cancel import (
+    JobFields,
+    cancel_on_queue_storage,
+    unique_holder_on_queue_storage,
+)
 from awa_sa.administer.statements.canonical import (
     By,
     JobRow,
@@ -38,32 +42,12 @@ from awa_sa.administer.statements.canonical import (
     retry_job_canonical,
     unique_holder_canonical,
 )
-from awa_sa.administer.statements.deferred import (
-    cancel_deferred,
-    cancel_notify,
-    cancelled_attempt,
-    claims_cancelled_only,
-    deferred_lane,
-    done_job_fields,
-    unique_holders,
-)
 from awa_sa.core.binds import administered, check_bind
 from awa_sa.core.compiled import run
-from awa_sa.core.errors import DatabaseError, QueueStorageJobs, ValidationError
+from awa_sa.core.errors import QueueStorageJobs, ValidationError
 from awa_sa.core.unique_keys import to_json, unique_key, unique_of
-from awa_sa.settle.running import CANONICAL, running_attempts
+from awa_sa.settle.running import CANONICAL
 from awa_sa.settle.statements.canonical import ROUTING_LOCK
-from awa_sa.settle.statements.duplicate import (
-    ENSURE_CLAIM_HEAD,
-    ENSURE_ENQUEUE_HEAD,
-    ENSURE_LANE_ROW,
-    ENSURE_LANE_SEQUENCES,
-    LANE_LOCK,
-    RING_CURSOR,
-    Lane,
-)
-from awa_sa.settle.statements.receipt_settles import RECEIPT_LOCKS, SETTLE_RECEIPT, ReceiptItem
-from awa_sa.tables.queue_storage import translate_map
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -134,34 +118,9 @@ def cancel_job_step(job_id: object) -> Step[JobRow | None]:
         "cancel_job",
         lambda routed: cancel_job_canonical(routed=routed),
         binds,
-        lambda conn, schema: _cancel_on_queue_storage(conn, schema, binds["b_job_id"]),
+        lambda conn, schema: cancel_on_queue_storage(conn, schema, binds["b_job_id"]),
     )
     return lambda conn: _one(rows(conn))
-
-
-def _cancel_on_queue_storage(conn: Connection, schema: str, job_id: int) -> list[Any]:
-    """Cancel a scheduled, retryable, running or callback-waiting job of *schema* as awa-pg
-    does (docs/administer.md); anything else there is refused."""
-    options = {"schema_translate_map": translate_map(schema)}
-    binds = {"b_job_id": job_id}
-    # The row locked first: a promotion holding it makes this wait, then find it gone.
-    lane_row = conn.execute(deferred_lane(), binds, execution_options=options).first()
-    if lane_row is None:
-        waiting = cancelled_lease(conn, schema, job_id)
-        return [waiting] if waiting is not None else _cancel_running(conn, schema, job_id)
-    if conn.execute(claims_cancelled_only(), binds, execution_options=options).scalar_one():
-        why = f"job {job_id}'s unique mask claims cancelled but not its state"
-        raise QueueStorageJobs("cancel_job", schema, why)
-    ring = run(conn, RING_CURSOR, None, schema)
-    if ring is None:
-        raise DatabaseError(f"{schema}.queue_ring_state has no singleton row")
-    lane = Lane(schema, lane_row.queue, lane_row.priority)
-    run(conn, LANE_LOCK, lane)
-    for ensure in (ENSURE_LANE_ROW, ENSURE_ENQUEUE_HEAD, ENSURE_CLAIM_HEAD, ENSURE_LANE_SEQUENCES):
-        run(conn, ensure, lane, schema)
-    at_ring = {**binds, "b_ready_slot": ring.current_slot, "b_ready_generation": ring.generation}
-    rows = conn.execute(cancel_deferred(), at_ring, execution_options=options).all()
-    return [_JobFields(done_job_fields(row), schema) for row in rows]
 
 
 def cancel_by_unique_key_step(
@@ -186,29 +145,13 @@ def cancel_by_unique_key_step(
         routed = run(conn, ROUTING_LOCK, None)
         held = conn.execute(unique_holder_canonical(routed=routed), binds).one()
         if held.routing_schema is not None:
-            job_id = _unique_holder_on_queue_storage(conn, held.routing_schema, binds)
+            job_id = unique_holder_on_queue_storage(conn, held.routing_schema, binds)
             return None if job_id is None else cancel_job_step(job_id)(conn)
         if held.job_id is None:
             return None
         return cancel_job_step(held.job_id)(conn)
 
     return step
-
-
-def _unique_holder_on_queue_storage(
-    conn: Connection, schema: str, binds: Mapping[str, Any]
-) -> int | None:
-    """awa-pg's pick on queue storage where awa-sa can tell it: the lowest deferred job with
-    the key when no lane row of a lower id holds it, or none at all; else refused."""
-    options = {"schema_translate_map": translate_map(schema)}
-    held = conn.execute(unique_holders(), binds, execution_options=options).one()
-    if held.lane_id is None or (held.deferred_id is not None and held.deferred_id <= held.lane_id):
-        return None if held.deferred_id is None else int(held.deferred_id)
-    why = (
-        f"job {held.lane_id} holds the key in a lane; awa-sa cancels by unique key only"
-        " a scheduled or retryable job older than every lane row holding it"
-    )
-    raise QueueStorageJobs("cancel_by_unique_key", schema, why)
 
 
 def retry_job_step(job_id: object) -> Step[JobRow | None]:
@@ -263,59 +206,8 @@ def discard_failed_step(kind: object) -> Step[int]:
     return step
 
 
-@dataclass(frozen=True, slots=True)
-class _JobFields:
-    """A queue-storage job's fields, already read, for :func:`_one`."""
-
-    fields: dict[str, Any]
-    storage: str
-
-
-_CALLBACK_MEANWHILE = "job {} registered a callback meanwhile (a leases row): call again"
-
-
-def _cancel_running(conn: Connection, schema: str, job_id: int) -> list[Any]:
-    """Close the job's open receipt as cancelled, as awa-pg's cancel does, and tell its
-    handler: the settle of a receipt (``statements.receipt_settles``) with awa-pg's admin
-    cancel's rows, then the ``awa:cancel`` NOTIFY."""
-    mine = [a for a in running_attempts(conn, job_id=job_id) if a.storage == schema]
-    if not mine:
-        why = f"job {job_id} is none of its scheduled, retryable or running jobs"
-        raise QueueStorageJobs("cancel_job", schema, f"{why} (all awa-sa cancels there)")
-    attempt = max(mine, key=lambda a: a.run_lease)
-    if attempt.receipt_id is None or attempt.claim_slot is None:
-        raise QueueStorageJobs("cancel_job", schema, _CALLBACK_MEANWHILE.format(job_id))
-    item = ReceiptItem(
-        job_id,
-        attempt.run_lease,
-        attempt.claim_slot,
-        attempt.receipt_id,
-        attempt.claim_batch_id,
-        attempt.claim_batch_index,
-        "admin_cancel",
-        None,
-        None,
-        None,
-        None,
-        attempt.kind,
-        attempt.queue,
-        attempt.attempt,
-    )
-    run(conn, RECEIPT_LOCKS, [item], schema)
-    closed = run(conn, SETTLE_RECEIPT, item, schema)
-    if closed.materialised:
-        raise QueueStorageJobs("cancel_job", schema, _CALLBACK_MEANWHILE.format(job_id))
-    if closed.job_id is None:
-        raise QueueStorageJobs("cancel_job", schema, f"job {job_id}'s attempt ended meanwhile")
-    options = {"schema_translate_map": translate_map(schema)}
-    lease = {"b_job_id": job_id, "b_run_lease": attempt.run_lease}
-    conn.execute(cancel_notify(), lease)
-    rows = conn.execute(cancelled_attempt(), lease, execution_options=options).all()
-    return [_JobFields(done_job_fields(row), schema) for row in rows]
-
-
 def _one(rows: list[Any]) -> JobRow | None:
-    if rows and isinstance(rows[0], _JobFields):
+    if rows and isinstance(rows[0], JobFields):
         return JobRow(**rows[0].fields, storage=rows[0].storage)
     if rows and isinstance(rows[0], JobRow):
         return rows[0]
@@ -332,9 +224,10 @@ def cancel_job(bind: Engine | Connection | Session, job_id: int) -> JobRow | Non
     delivered when the transaction commits; the runtime's later ending of that attempt then
     changes nothing. ``bind`` is an ``Engine`` (own transaction, committed), or a
     ``Connection`` or ``Session`` (the caller's transaction, never committed here). Once
-    routing is queue storage, a scheduled, retryable, running or callback-waiting job of the
-    routing schema is cancelled as awa-pg cancels it there, and anything else raises
-    :class:`~awa_sa.core.errors.QueueStorageJobs` (docs/administer.md).
+    routing is queue storage, a live job of the routing schema is cancelled as awa-pg cancels
+    it there (an available one but for awa-pg's later claim-cursor move, and its lane's claim
+    head locked until the transaction ends); a terminal or unknown job raises
+    :class:`~awa_sa.core.errors.QueueStorageJobs` (docs/contract.md#cancel).
     """
     check_bind(bind)
     return administered(bind, cancel_job_step(job_id))
@@ -354,8 +247,8 @@ def cancel_by_unique_key(
 
     Pass exactly the parts the job's ``unique_opts`` hashed (``by_queue``, ``by_args``,
     ``by_period``), else the key differs and nothing is found. The cancel is
-    :func:`cancel_job`'s, with its ``bind`` and its refusals; once routing is queue storage
-    the call raises :class:`~awa_sa.core.errors.QueueStorageJobs` (docs/administer.md).
+    :func:`cancel_job`'s, with its ``bind`` and its refusals; on queue storage the job is
+    picked as awa-pg picks it there (docs/administer.md).
     """
     check_bind(bind)
     return administered(bind, cancel_by_unique_key_step(kind, queue, args, period_bucket))

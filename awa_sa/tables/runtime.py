@@ -1,6 +1,7 @@
 """Tables of a real Awa v040 cluster that the test fixture schema (``awa_sa_schema``) lacks.
 
-The queue-storage retry (:mod:`awa_sa.administer.statements.failed_retry`) writes a lane's
+The cancel of an available job writes ``ready_tombstones``, as awa-pg does. The queue-storage
+retry (:mod:`awa_sa.administer.statements.failed_retry`) writes a lane's
 ``ready_segments`` entry, reads the pruned failed rows of ``queue_terminal_rollups`` and the
 enqueue shard count of ``awa.queue_meta``, as awa-pg does. They are declared here, column for
 column as ``awa migrate`` creates them, and compared with a real cluster only
@@ -51,6 +52,24 @@ ready_segments = Table(
 )
 """The claim side's index of ready rows: one per run of consecutive lane numbers enqueued."""
 
+ready_tombstones = Table(
+    "ready_tombstones",
+    metadata,
+    Column("ready_slot", Integer, nullable=False),
+    Column("ready_generation", BigInteger, nullable=False),
+    Column("queue", Text, nullable=False),
+    Column("priority", SmallInteger, nullable=False),
+    Column("enqueue_shard", SmallInteger, nullable=False),
+    Column("lane_seq", BigInteger, nullable=False),
+    Column("job_id", BigInteger, nullable=False),
+    Column("tombstoned_at", Timestamp, nullable=False),
+    PrimaryKeyConstraint(
+        "ready_slot", "queue", "priority", "enqueue_shard", "lane_seq", "ready_generation"
+    ),
+)
+"""A ready row made unclaimable in place (an available job cancelled): the claim skips it, and
+awa-pg's listing counts it no longer available."""
+
 queue_terminal_rollups = Table(
     "queue_terminal_rollups",
     metadata,
@@ -90,24 +109,6 @@ receipt_completion_tombstones = Table(
 )
 """A compact completion's position deleted (by awa-pg's admin delete): ``terminal_jobs``
 leaves it out."""
-
-ready_tombstones = Table(
-    "ready_tombstones",
-    metadata,
-    Column("ready_slot", Integer, nullable=False),
-    Column("ready_generation", BigInteger, nullable=False),
-    Column("queue", Text, nullable=False),
-    Column("priority", SmallInteger, nullable=False),
-    Column("enqueue_shard", SmallInteger, nullable=False),
-    Column("lane_seq", BigInteger, nullable=False),
-    Column("job_id", BigInteger, nullable=False),
-    Column("tombstoned_at", Timestamp, nullable=False),
-    PrimaryKeyConstraint(
-        "ready_slot", "queue", "priority", "enqueue_shard", "lane_seq", "ready_generation"
-    ),
-)
-"""A ready row taken back before its claim (an available job cancelled or deleted): awa-pg's
-listing counts it no longer available."""
 
 _COUNTS = ("scheduled", "available", "running", "completed", "retryable", "failed")
 

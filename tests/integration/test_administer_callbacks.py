@@ -395,24 +395,26 @@ def test_a_cancel_racing_awa_pgs_complete_external_ends_the_wait_once(parked: Tw
 
 def test_the_async_twins_cancel_and_retry_a_callback_wait_with_asyncpg(parked: Twins) -> None:
     """On one twin only, so last: a retry of the wait, then a cancel of the job it made
-    available (refused: awa-pg would tombstone its ready row), then awa-pg's own cancel."""
+    available (its ready row tombstoned), after which awa-pg's own cancel finds nothing."""
     url = sa.make_url(parked.urls[1]).set(drivername="postgresql+asyncpg")
 
-    async def retry() -> awa_sa.JobRow | None:
+    async def retry_then_cancel() -> tuple[awa_sa.JobRow | None, awa_sa.JobRow | None]:
         engine = create_async_engine(url)
         try:
             async with engine.begin() as conn:
-                return await awa_async.retry_job(conn, ASYNC)
+                retried = await awa_async.retry_job(conn, ASYNC)
+            async with engine.begin() as conn:
+                return retried, await awa_async.cancel_job(conn, ASYNC)
         finally:
             await engine.dispose()
 
-    got = asyncio.run(retry())
+    got, cancelled = asyncio.run(retry_then_cancel())
     assert got is not None
     assert (got.id, got.state, got.attempt, got.storage) == (ASYNC, "available", 0, "awa")
-    with pytest.raises(awa_sa.QueueStorageJobs), parked.engines[1].begin() as conn:
-        awa_sa.cancel_job(conn, ASYNC)
-    cancelled = pg_call(parked.urls[1], lambda c: c.cancel(ASYNC))
-    assert cancelled.id == ASYNC
+    assert cancelled is not None
+    assert (cancelled.id, cancelled.state, cancelled.attempt) == (ASYNC, "cancelled", 0)
+    with pytest.raises(Exception, match="not found"):
+        pg_call(parked.urls[1], lambda c: c.cancel(ASYNC))
 
 
 async def _cancel_beside_worker(url: str, engine: sa.Engine, by_awa_sa: bool) -> dict[str, Any]:

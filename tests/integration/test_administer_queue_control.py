@@ -15,6 +15,7 @@ queue the worker runs it.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 import awa
 import pytest
 import sqlalchemy as sa
-from administering import Twin, snapshot, twin, twins
+from administering import Twin, change, pg_call, snapshot, twin, twins
 from conftest import QUIESCED_FLIP, Cluster, run_awa
 from racing import backend_pid, wait_until_blocked
 from runtimes import hold_leadership, pg_url, rows
@@ -195,3 +196,71 @@ def test_a_real_worker_does_not_claim_a_paused_queue_until_it_is_resumed(
     assert len(found["caught"]) >= 2
     assert found["untouched"], found
     assert found["ran"] == [found["job"]]
+
+
+async def _pending(url: str) -> None:
+    """Pending jobs of ``drain_q`` (available, scheduled) and one of another queue."""
+    client = awa.AsyncClient(pg_url(url))
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    try:
+        for n in range(3):
+            await client.insert({"n": n}, kind="drained", queue="drain_q")
+        await client.insert({"n": 3}, kind="drained", queue="drain_q", run_at=later)
+        await client.insert({"n": 4}, kind="kept", queue="kept_q")
+    finally:
+        await client.close()
+
+
+async def _run_after_drain(url: str, schema: str | None) -> list[int]:
+    """A real worker of ``drain_q``: a job enqueued after the drain runs; the ids it ran."""
+    client = awa.AsyncClient(pg_url(url))
+    ran: list[int] = []
+    done = asyncio.Event()
+
+    async def handler(job: Any) -> None:
+        ran.append(job.id)
+        if job.args.get("after"):
+            done.set()
+
+    client.task(dict, kind="drained", queue="drain_q")(handler)
+    await client.start(
+        [("drain_q", 1)],
+        poll_interval_ms=50,
+        promote_interval_ms=600_000,
+        queue_storage_schema=schema,
+    )
+    try:
+        await client.insert({"after": True}, kind="drained", queue="drain_q")
+        await asyncio.wait_for(done.wait(), 60)
+    finally:
+        await client.shutdown()
+        await client.close()
+    return ran
+
+
+def test_drain_queue_cancels_what_awa_pg_cancels_and_a_worker_never_runs_it(
+    sides: tuple[Twin, Twin],
+) -> None:
+    pg_side, sa_side = sides
+    for side in sides:
+        asyncio.run(_pending(side.url))
+    before = snapshot(pg_side.engine), snapshot(sa_side.engine)
+    got_pg = pg_call(pg_side.url, lambda c: c.drain_queue("drain_q"))
+    with sa_side.engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO public.business VALUES ('drained')"))
+        got_sa = awa_sa.drain_queue(conn, "drain_q")
+    assert got_pg == got_sa == 4
+    pg_change = change(before[0], snapshot(pg_side.engine))
+    sa_change = change(before[1], snapshot(sa_side.engine))
+    # awa-pg moves the lane's claim cursor past the cancelled head after its commit; awa-sa
+    # leaves it to the claim (docs/contract.md#cancel). Nothing else differs.
+    pg_change.pop("sequences", None)
+    assert "sequences" not in sa_change
+    assert sa_change == pg_change
+    with sa_side.engine.begin() as conn:
+        assert awa_sa.drain_queue(conn, "drain_q") == 0  # nothing pending is left
+    with sa_side.engine.connect() as conn:
+        schema = conn.execute(sa.text("SELECT awa.active_queue_storage_schema()")).scalar()
+    ran = asyncio.run(_run_after_drain(sa_side.url, schema))
+    assert len(ran) == 1
+    assert ran[0] > 5  # the job enqueued after the drain, and none of the drained

@@ -149,8 +149,7 @@ def test_what_awa_sa_does_not_do_on_queue_storage_is_refused(sides: tuple[Side, 
     _, sa_side = sides
     before = snapshot(sa_side.engine)
     refusals: list[tuple[Callable[[sa.Connection], object], str]] = [
-        (lambda c: awa_sa.cancel_job(c, AVAILABLE), "none of its scheduled, retryable or running"),
-        (lambda c: awa_sa.cancel_job(c, 10_000), "none of its scheduled, retryable or running"),
+        (lambda c: awa_sa.cancel_job(c, 10_000), "terminal or unknown"),
     ]
     for call, message in refusals:
         with sa_side.engine.begin() as conn, pytest.raises(QueueStorageJobs, match=message):
@@ -382,8 +381,8 @@ def test_the_async_twin_cancels_on_queue_storage_with_asyncpg(sides: tuple[Side,
 def test_cancel_by_unique_key_on_queue_storage_writes_what_awa_pg_writes(
     sides: tuple[Side, Side],
 ) -> None:
-    """A scheduled job found by its key is cancelled as awa-pg cancels it, by either face; a key
-    an older available job holds is refused (awa-pg tombstones its ready row); no key, None."""
+    """A scheduled job found by its key is cancelled as awa-pg cancels it, by either face, and
+    so is an available one (not its lane's head: awa-pg moves no cursor); no key, None."""
 
     async def onpg_call(url: str, call: Callable[[awa.AsyncClient], Any]) -> Any:
         client = awa.AsyncClient(pg_url(url))
@@ -437,9 +436,16 @@ def test_cancel_by_unique_key_on_queue_storage_writes_what_awa_pg_writes(
     )
     before = snapshot(pg_side.engine), snapshot(sa_side.engine)
     assert asyncio.run(on_sa({"n": 98})) is None  # cancelled: no longer found
-    with pytest.raises(QueueStorageJobs, match="holds the key in a lane"):
-        asyncio.run(on_sa({"lane": 1}))
     assert snapshot(sa_side.engine) == before[1]
+    got_pg = asyncio.run(
+        onpg_call(pg_side.url, lambda c: c.cancel_by_unique_key("keyed", args={"lane": 1}))
+    )
+    got_sa = asyncio.run(on_sa({"lane": 1}))
+    assert got_sa is not None
+    assert (got_sa.id, got_sa.state, got_sa.attempt) == (got_pg.id, "cancelled", 0)
+    assert change(before[1], snapshot(sa_side.engine)) == change(
+        before[0], snapshot(pg_side.engine)
+    )
 
 
 # --- retry_job, retry_failed, discard_failed on queue storage ------------------------------

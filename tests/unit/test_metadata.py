@@ -39,6 +39,7 @@ WRITTEN = [
     ("DELETE", f"{QS}.dlq_entries"),
     ("INSERT", f"{QS}.ready_entries"),
     ("INSERT", f"{QS}.ready_segments"),
+    ("INSERT", f"{QS}.ready_tombstones"),
     ("DELETE", f"{QS}.leases"),
     ("INSERT", "awa.queue_meta"),
     ("UPDATE", "awa.queue_meta"),

@@ -142,6 +142,28 @@ def cancel_job_canonical(*, routed: bool) -> Select[Any]:
     return _answer(head, written, notice.label("notified"))
 
 
+PENDING = ("available", "scheduled", "retryable", "waiting_external")
+
+
+@statement
+def drain_queue_canonical(*, routed: bool) -> Select[Any]:
+    """Cancel every pending job of queue ``b_key``: awa-pg's ``UPDATE awa.jobs SET state =
+    'cancelled', finalized_at = now(), callback_* = NULL WHERE queue = $1 AND state IN
+    (available, scheduled, retryable, waiting_external)``, as the view writes it (no NOTIFY)."""
+    head = _routing(routed)
+    key = bindparam("b_key", type_=Text)
+    picked = [
+        _taken(t, head, (t.c.queue == key) & t.c.state.in_(_states(PENDING)), name)
+        for t, name in ((jobs_hot, "hot"), (scheduled_jobs, "parked"))
+    ]
+    old = select(picked[0]).union_all(select(picked[1])).cte("old")
+    written = _reinserted(
+        old,
+        {"state": state("cancelled"), "finalized_at": func.now(), **_no_callback()},
+    )
+    return _answer(head, written)
+
+
 @statement
 def retry_job_canonical(*, routed: bool) -> Select[Any]:
     """Take the canonical job ``b_job_id`` back to available, if failed, cancelled or waiting.

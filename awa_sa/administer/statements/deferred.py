@@ -16,7 +16,6 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     ColumnElement,
-    LargeBinary,
     Select,
     and_,
     bindparam,
@@ -196,20 +195,3 @@ def cancelled_attempt() -> Select[Any]:
             done.state == state("cancelled"),
         )
     )
-
-
-@statement
-def unique_holders() -> Select[Any]:
-    """The lowest id holding key ``b_unique_key`` in the deferred jobs (``deferred_id``) and in
-    the lane rows of any state (``lane_id``), NULL where none.
-
-    awa-pg 0.6.9 picks the lowest id among the deferred jobs, the lane rows not yet claimed and
-    the callback waits' rows: a subset of the two read here that holds every deferred job. So
-    when ``deferred_id`` is at most ``lane_id`` it is awa-pg's pick; the flow decides the rest.
-    """
-    key = bindparam("b_unique_key", type_=LargeBinary)
-    lowest = [
-        select(func.min(table.c.job_id)).where(table.c.unique_key == key).scalar_subquery()
-        for table in (qs.deferred_jobs, qs.ready_entries)
-    ]
-    return select(lowest[0].label("deferred_id"), lowest[1].label("lane_id"))

@@ -31,6 +31,7 @@ from awa_sa.administer.api import (
     retry_job,
 )
 from awa_sa.administer.statements.canonical import JobRow
+from awa_sa.callbacks.api import complete_external, fail_external, retry_external
 from awa_sa.core.errors import (
     AmbiguousAttempt,
     AttemptNotFound,
@@ -128,11 +129,14 @@ __all__ = [
     "attempt_of",
     "cancel_by_unique_key",
     "cancel_job",
+    "complete_external",
     "discard_failed",
     "enqueue",
     "enqueue_many",
+    "fail_external",
     "reschedule_canonical_attempt",
     "reschedule_canonical_attempts",
+    "retry_external",
     "retry_failed",
     "retry_job",
     "running_attempts",

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from functools import partial
 from typing import Any, TypeVar, cast
+from uuid import UUID
 
 try:  # SQLAlchemy's own message would name its extra, not ours
     importlib.import_module("greenlet")
@@ -29,6 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from awa_sa.administer import api as administer
 from awa_sa.administer.statements.canonical import JobRow
+from awa_sa.callbacks import api as callbacks
 from awa_sa.core import binds
 from awa_sa.core.driver_errors import translated_error
 from awa_sa.core.drivers import check_dialect
@@ -49,11 +51,14 @@ __all__ = [
     "attempt_of",
     "cancel_by_unique_key",
     "cancel_job",
+    "complete_external",
     "discard_failed",
     "enqueue",
     "enqueue_many",
+    "fail_external",
     "reschedule_canonical_attempt",
     "reschedule_canonical_attempts",
+    "retry_external",
     "retry_failed",
     "retry_job",
     "running_attempts",
@@ -238,6 +243,37 @@ async def retry_failed(
 async def discard_failed(bind: AsyncEngine | AsyncConnection | AsyncSession, kind: str) -> int:
     """Async :func:`awa_sa.discard_failed`; same arguments, result and errors."""
     return await _administered(bind, administer.discard_failed_step(kind))
+
+
+async def complete_external(
+    bind: AsyncEngine | AsyncConnection | AsyncSession,
+    callback_id: str | UUID,
+    payload: Any | None = None,
+    *,
+    run_lease: int | None = None,
+) -> JobRow | None:
+    """Async :func:`awa_sa.complete_external`; same arguments, result and errors."""
+    return await _administered(
+        bind, callbacks.complete_external_step(callback_id, payload, run_lease)
+    )
+
+
+async def fail_external(
+    bind: AsyncEngine | AsyncConnection | AsyncSession,
+    callback_id: str | UUID,
+    error: str,
+    *,
+    run_lease: int | None = None,
+) -> JobRow | None:
+    """Async :func:`awa_sa.fail_external`; same arguments, result and errors."""
+    return await _administered(bind, callbacks.fail_external_step(callback_id, error, run_lease))
+
+
+async def retry_external(
+    bind: AsyncEngine | AsyncConnection | AsyncSession, callback_id: str | UUID
+) -> JobRow | None:
+    """Async :func:`awa_sa.retry_external`; same arguments, result and errors."""
+    return await _administered(bind, callbacks.retry_external_step(callback_id))
 
 
 async def _administered(

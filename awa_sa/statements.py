@@ -31,6 +31,16 @@ from awa_sa.administer.statements.deferred import (
 )
 from awa_sa.administer.statements.failed_discard import discard_failed_qs
 from awa_sa.administer.statements.failed_retry import retry_done, retry_targets
+from awa_sa.callbacks.statements.canonical import (
+    end_callback_canonical,
+    heartbeat_callback_canonical,
+)
+from awa_sa.callbacks.statements.leases import (
+    callback_lease,
+    end_lease,
+    ended_lease_claims,
+    retry_callback_lease,
+)
 from awa_sa.core.registry import all_builders
 from awa_sa.enqueue.statements import insert_jobs, unique_holder
 from awa_sa.settle.statements.canonical import (
@@ -57,6 +67,7 @@ __all__ = [
     "LIFECYCLE_DUPLICATE",
     "ROUTING_BODY_MD5",
     "all_builders",
+    "callback_lease",
     "cancel_deferred",
     "cancel_job_canonical",
     "cancel_lease",
@@ -68,15 +79,20 @@ __all__ = [
     "discard_failed_canonical",
     "discard_failed_qs",
     "end_attempts",
+    "end_callback_canonical",
+    "end_lease",
+    "ended_lease_claims",
     "ensure_lane_head",
     "ensure_lane_row",
     "ensure_lane_sequences",
+    "heartbeat_callback_canonical",
     "insert_cancelled",
     "insert_deferred",
     "insert_jobs",
     "lane_lock",
     "move_if_canonical",
     "open_claims",
+    "retry_callback_lease",
     "retry_done",
     "retry_failed_canonical",
     "retry_job_canonical",

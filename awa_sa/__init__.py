@@ -31,7 +31,13 @@ from awa_sa.administer.api import (
     retry_job,
 )
 from awa_sa.administer.statements.canonical import JobRow
-from awa_sa.callbacks.api import complete_external, fail_external, retry_external
+from awa_sa.callbacks.api import (
+    complete_external,
+    fail_external,
+    heartbeat_callback,
+    resume_external,
+    retry_external,
+)
 from awa_sa.core.errors import (
     AmbiguousAttempt,
     AttemptNotFound,
@@ -134,8 +140,10 @@ __all__ = [
     "enqueue",
     "enqueue_many",
     "fail_external",
+    "heartbeat_callback",
     "reschedule_canonical_attempt",
     "reschedule_canonical_attempts",
+    "resume_external",
     "retry_external",
     "retry_failed",
     "retry_job",

@@ -56,8 +56,10 @@ __all__ = [
     "enqueue",
     "enqueue_many",
     "fail_external",
+    "heartbeat_callback",
     "reschedule_canonical_attempt",
     "reschedule_canonical_attempts",
+    "resume_external",
     "retry_external",
     "retry_failed",
     "retry_job",
@@ -274,6 +276,26 @@ async def retry_external(
 ) -> JobRow | None:
     """Async :func:`awa_sa.retry_external`; same arguments, result and errors."""
     return await _administered(bind, callbacks.retry_external_step(callback_id))
+
+
+async def resume_external(
+    bind: AsyncEngine | AsyncConnection | AsyncSession,
+    callback_id: str | UUID,
+    payload: Any | None = None,
+) -> JobRow | None:
+    """Async :func:`awa_sa.resume_external`; same arguments, result and errors."""
+    return await _administered(bind, callbacks.resume_external_step(callback_id, payload))
+
+
+async def heartbeat_callback(
+    bind: AsyncEngine | AsyncConnection | AsyncSession,
+    callback_id: str | UUID,
+    timeout_seconds: float = 3600.0,
+) -> JobRow | None:
+    """Async :func:`awa_sa.heartbeat_callback`; same arguments, result and errors."""
+    return await _administered(
+        bind, callbacks.heartbeat_callback_step(callback_id, timeout_seconds)
+    )
 
 
 async def _administered(

@@ -39,6 +39,8 @@ from awa_sa.callbacks.statements.leases import (
     callback_lease,
     end_lease,
     ended_lease_claims,
+    heartbeat_lease,
+    resume_lease,
     retry_callback_lease,
 )
 from awa_sa.core.registry import all_builders
@@ -86,12 +88,14 @@ __all__ = [
     "ensure_lane_row",
     "ensure_lane_sequences",
     "heartbeat_callback_canonical",
+    "heartbeat_lease",
     "insert_cancelled",
     "insert_deferred",
     "insert_jobs",
     "lane_lock",
     "move_if_canonical",
     "open_claims",
+    "resume_lease",
     "retry_callback_lease",
     "retry_done",
     "retry_failed_canonical",

@@ -26,8 +26,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sqlalchemy import Connection, Engine
 
 from awa_sa.administer.statements.canonical import JobRow, job_rows
-from awa_sa.callbacks.queue_storage import ended_on_queue_storage
-from awa_sa.callbacks.statements.canonical import Verb, end_callback_canonical
+from awa_sa.callbacks.queue_storage import (
+    ended_on_queue_storage,
+    heartbeat_on_queue_storage,
+    resumed_on_queue_storage,
+)
+from awa_sa.callbacks.statements.canonical import (
+    Verb,
+    end_callback_canonical,
+    heartbeat_callback_canonical,
+)
 from awa_sa.core.binds import administered, check_bind
 from awa_sa.core.compiled import run
 from awa_sa.core.errors import ValidationError
@@ -89,7 +97,7 @@ def timeout_seconds(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValidationError(f"timeout_seconds must be a number, got {type(value).__name__}")
     seconds = float(value)
-    if not math.isfinite(seconds) or seconds < 0:
+    if not math.isfinite(seconds) or math.copysign(1.0, seconds) < 0:
         raise ValidationError(f"timeout_seconds must be finite and not negative, got {value}")
     return seconds
 
@@ -106,7 +114,7 @@ def ended_step(verb: Verb, binds: Mapping[str, Any]) -> Step[JobRow | None]:
             jobs = job_rows(rows, CANONICAL)
             return jobs[0] if jobs else None
         if verb == "resume":
-            raise NotImplementedError  # pragma: no cover -- step 2
+            return resumed_on_queue_storage(conn, schema, binds)
         return ended_on_queue_storage(conn, schema, verb, binds)
 
     return step
@@ -137,6 +145,32 @@ def retry_external_step(callback_id: object) -> Step[JobRow | None]:
     """The validated step of :func:`retry_external`, for either face."""
     binds = {"b_callback_id": callback_id_text(callback_id), "b_run_lease": None}
     return ended_step("retry", binds)
+
+
+def resume_external_step(callback_id: object, payload: object = None) -> Step[JobRow | None]:
+    """The validated step of :func:`resume_external`, for either face."""
+    binds = {
+        "b_callback_id": callback_id_text(callback_id),
+        "b_run_lease": None,
+        "b_payload": payload_json(payload),
+    }
+    return ended_step("resume", binds)
+
+
+def heartbeat_callback_step(callback_id: object, timeout: object) -> Step[JobRow | None]:
+    """The validated step of :func:`heartbeat_callback`, for either face."""
+    binds = {"b_callback_id": callback_id_text(callback_id), "b_timeout": timeout_seconds(timeout)}
+
+    def step(conn: Connection) -> JobRow | None:
+        routed = run(conn, ROUTING_LOCK, None)
+        rows = list(conn.execute(heartbeat_callback_canonical(routed=routed), binds).all())
+        schema = rows[0].routing_schema
+        if schema is None:
+            jobs = job_rows(rows, CANONICAL)
+            return jobs[0] if jobs else None
+        return heartbeat_on_queue_storage(conn, schema, binds)
+
+    return step
 
 
 def complete_external(
@@ -190,3 +224,29 @@ def retry_external(
     """
     check_bind(bind)
     return administered(bind, retry_external_step(callback_id))
+
+
+def resume_external(
+    bind: Engine | Connection | Session, callback_id: str | uuid.UUID, payload: Any | None = None
+) -> JobRow | None:
+    """Hand *payload* to the handler waiting on callback *callback_id* and let it run on, as
+    awa-pg's ``Client.resume_external`` writes it: the job ``running`` again, its callback
+    cleared, the payload where the handler's ``wait_for_callback`` reads it (canonical: the
+    metadata's ``_awa_callback_result``; queue storage: the attempt's ``callback_result``); its
+    row after, or None. ``bind`` and the states taken are as for :func:`complete_external`.
+    """
+    check_bind(bind)
+    return administered(bind, resume_external_step(callback_id, payload))
+
+
+def heartbeat_callback(
+    bind: Engine | Connection | Session,
+    callback_id: str | uuid.UUID,
+    timeout_seconds: float = 3600.0,
+) -> JobRow | None:
+    """Move the timeout of the wait parked on callback *callback_id* to *timeout_seconds* from
+    now, as awa-pg's ``Client.heartbeat_callback`` writes it; its row after, or None when no
+    wait is parked on it. ``bind`` is as for :func:`complete_external`.
+    """
+    check_bind(bind)
+    return administered(bind, heartbeat_callback_step(callback_id, timeout_seconds))

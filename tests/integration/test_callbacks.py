@@ -12,6 +12,7 @@ it was (a retry's lane reservation alone outlives it, as for the administering r
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,7 +20,8 @@ import awa
 import pytest
 import sqlalchemy as sa
 from administering import change, pg_call, same_job, snapshot, twins
-from callback_waits import CHANNELS, PHASES, Parked, parked_twins
+from callback_waits import CHANNELS, PHASES, SCHEMA, Parked, parked_twins
+from runtimes import rows
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import awa_sa
@@ -44,6 +46,10 @@ JOBS: tuple[dict[str, Any], ...] = (
     {"queue": "cbc_q"},  # 11 fail
     {"queue": "cbc_q", "unique_opts": {"by_args": True}},  # 12 retry
     {},  # 13 completed twice
+    {"unique_opts": {"by_args": True}, "metadata": {"m": 14}},  # 14 resume
+    {"progress": True},  # 15 resume
+    {"tags": ["h"]},  # 16 heartbeat
+    {"queue": "cbc_q"},  # 17 resume
 )
 ROLLED_BACK, GUARDED, ASYNC, TWICE = 7, 8, 9, 13
 
@@ -84,8 +90,22 @@ CALLS: dict[str, tuple[Any, Any]] = {
         lambda c, cb: c.retry_external(cb),
         awa_sa.retry_external,
     ),
+    "resume": (
+        lambda c, cb: c.resume_external(cb, {"ok": [1, "two"]}),
+        lambda conn, cb: awa_sa.resume_external(conn, cb, {"ok": [1, "two"]}),
+    ),
+    "heartbeat": (
+        lambda c, cb: c.heartbeat_callback(cb, 120.5),
+        lambda conn, cb: awa_sa.heartbeat_callback(conn, cb, 120.5),
+    ),
 }
-STATE = {"complete": "completed", "fail": "failed", "retry": "available"}
+STATE = {
+    "complete": "completed",
+    "fail": "failed",
+    "retry": "available",
+    "resume": "running",
+    "heartbeat": "waiting_external",
+}
 
 
 def twin_call(parked: Parked, verb: str, n: int) -> tuple[Any, Any, dict[str, Any], Any]:
@@ -112,9 +132,23 @@ PARKED = {
     "complete-compact": ("complete", 10),
     "fail-compact": ("fail", 11),
     "retry-compact": ("retry", 12),
+    "resume-keyed": ("resume", 14),
+    "resume-progress": ("resume", 15),
+    "heartbeat": ("heartbeat", 16),
+    "resume-compact": ("resume", 17),
 }
 """Each call on a wait of its own: with a unique key, with a flushed progress, and claimed
 under a compact receipt (queue storage in active and mixed_transition)."""
+
+
+def timeout_left(parked: Parked, side: int, n: int) -> bool:
+    """Whether the *n*-th job's callback times out 120.5 s from now, as its heartbeat asked."""
+    schema = SCHEMA[parked.phase]
+    table = "awa.jobs_hot WHERE id" if schema is None else f"{schema}.leases WHERE job_id"
+    sql = f"SELECT callback_timeout_at - clock_timestamp() AS left FROM {table} = :i"
+    (row,) = rows(parked.engines[side], sql, i=parked.job(n))
+    left: dt.timedelta = row["left"]
+    return dt.timedelta(seconds=100) < left <= dt.timedelta(seconds=120.5)
 
 
 @pytest.mark.parametrize(("verb", "n"), PARKED.values(), ids=PARKED.keys())
@@ -126,22 +160,28 @@ def test_a_call_on_a_parked_wait_writes_what_awa_pg_writes(
     assert got_sa is not None
     same_job(got_sa, got_pg)
     assert (got_sa.state, got_sa.run_lease) == (STATE[verb], 1)
+    if verb == "resume":  # where the handler's wait_for_callback finds it
+        assert got_sa.metadata["_awa_callback_result"] == {"ok": [1, "two"]}
+        assert got_sa.callback_id is None
+    if verb == "heartbeat":  # the timeout, a masked clock, moved alike on both twins
+        assert got_sa.callback_id is not None
+        assert [timeout_left(parked, side, n) for side in (0, 1)] == [True, True]
     assert got_sa.storage == (parked.schemas[-1] if parked.phase != "canonical" else "canonical")
     assert got_sa.errors == [] if verb != "fail" else len(got_sa.errors) == 1
     if verb == "fail":
         (entry,) = got_sa.errors
         assert (entry["error"], entry["attempt"]) == ("card declined", 1)
         assert entry.get("terminal", True) is True
-    assert changed, "nothing changed"
-    queue = "cbc_q" if n in (10, 11, 12) else "cb_q"
+    assert changed or verb == "heartbeat", "nothing changed"
+    queue = "cbc_q" if n in (10, 11, 12, 17) else "cb_q"
     if verb == "retry":
         assert [channel for channel, _ in notes] == [f"awa:{queue}"]
     else:
         assert notes == []
-    if parked.phase != "canonical":
+    if parked.phase != "canonical" and verb != "heartbeat":
         plane = parked.schemas[-1]
         assert f"{plane}.leases" in changed
-        if n in (2, 4, 6):  # the flushed progress left attempt_state
+        if n in (2, 4, 6, 15):  # the flushed progress left (or, resumed, kept) attempt_state
             assert f"{plane}.attempt_state" in changed
 
 

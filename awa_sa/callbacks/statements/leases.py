@@ -35,13 +35,14 @@ from sqlalchemy import (
     or_,
     select,
     true,
+    update,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from awa_sa.administer.statements.callback_leases import hydrated, receipts_closed
 from awa_sa.administer.statements.failed_retry import enqueued_again
-from awa_sa.callbacks.statements.canonical import HELD, picked
+from awa_sa.callbacks.statements.canonical import HELD, picked, seconds_from_now
 from awa_sa.core.registry import statement
 from awa_sa.core.sql import EMPTY_ARRAY, EMPTY_OBJECT, concat, state
 from awa_sa.settle.statements.duplicate import insert_terminal_delta
@@ -218,3 +219,110 @@ def retry_callback_lease() -> Select[Any]:
     enqueued, enqueuing, told = enqueued_again(h, attempted=True)
     answer = select(*enqueued.c, told.label("told"))
     return answer.add_cte(*receipts_closed(gone, "retryable"), *enqueuing)
+
+
+def _lease_answer(lease: Any, attempt: Any) -> Select[Any]:
+    """The lease *lease* (a CTE of written ``leases`` rows) with its ready row and its
+    ``attempt_state`` row *attempt* as awa-pg's ``load_active_lease`` reads them."""
+    ready = qs.ready_entries
+    r = ready.c
+    heartbeat = func.coalesce(attempt.c.heartbeat_at, lease.c.heartbeat_at)
+    return select(
+        lease.c.job_id,
+        r.kind,
+        lease.c.queue,
+        r.args,
+        cast(lease.c.state, Text).label("state"),
+        lease.c.priority,
+        lease.c.attempt,
+        lease.c.run_lease,
+        lease.c.max_attempts,
+        r.run_at,
+        heartbeat.label("heartbeat_at"),
+        lease.c.deadline_at,
+        lease.c.attempted_at,
+        cast(null(), qs.done_entries.c.finalized_at.type).label("finalized_at"),
+        r.created_at,
+        r.unique_key,
+        lease.c.callback_id,
+        lease.c.callback_timeout_at,
+        attempt.c.callback_filter,
+        attempt.c.callback_on_complete,
+        attempt.c.callback_on_fail,
+        attempt.c.callback_transform,
+        func.coalesce(r.payload, EMPTY_OBJECT, type_=JSONB).label("payload"),
+        attempt.c.progress,
+        attempt.c.callback_result,
+    ).select_from(
+        lease.join(ready, _ready_of(lease)).outerjoin(
+            attempt,
+            and_(attempt.c.job_id == lease.c.job_id, attempt.c.run_lease == lease.c.run_lease),
+        )
+    )
+
+
+@statement
+def resume_lease() -> Select[Any]:
+    """Resume the wait on callback ``b_callback_id`` (guarded by ``b_run_lease`` unless NULL)
+    as awa-pg's ``resume_external``: the lease back to ``running``, its callback cleared and
+    its heartbeat now, and ``b_payload`` stored as the attempt's ``callback_result`` (its
+    callback expressions cleared), for the handler's ``wait_for_callback``; answers the lease
+    as awa-pg reads it back, or no row when no wait was found."""
+    lease = qs.leases
+    resumed = (
+        update(lease)
+        .where(picked(lease, "resume"))
+        .values(
+            state=state("running"),
+            callback_id=null(),
+            callback_timeout_at=null(),
+            heartbeat_at=func.clock_timestamp(),
+        )
+        .returning(*lease.c)
+        .cte("resumed")
+    )
+    attempt = qs.attempt_state
+    result = cast(bindparam("b_payload", type_=Text), JSONB)
+    cleared = {name: null() for name in _EXPRESSIONS}
+    rows = select(
+        resumed.c.job_id,
+        resumed.c.run_lease,
+        *(null().label(name) for name in _EXPRESSIONS),
+        result.label("callback_result"),
+        func.clock_timestamp().label("updated_at"),
+    )
+    upsert = pg_insert(attempt).from_select(
+        ["job_id", "run_lease", *_EXPRESSIONS, "callback_result", "updated_at"], rows
+    )
+    stored = (
+        upsert.on_conflict_do_update(
+            index_elements=["job_id", "run_lease"],
+            set_={
+                **cleared,
+                "callback_result": upsert.excluded.callback_result,
+                "updated_at": func.clock_timestamp(),
+            },
+        )
+        .returning(*attempt.c)
+        .cte("stored")
+    )
+    return _lease_answer(resumed, stored)
+
+
+_EXPRESSIONS = ("callback_filter", "callback_on_complete", "callback_on_fail", "callback_transform")
+
+
+@statement
+def heartbeat_lease() -> Select[Any]:
+    """Extend the wait on callback ``b_callback_id`` to ``b_timeout`` seconds from now, as
+    awa-pg's ``heartbeat_callback``; answers the lease as :func:`resume_lease` does."""
+    lease = qs.leases
+    beaten = (
+        update(lease)
+        .where(picked(lease, "heartbeat", guarded=False))
+        .values(callback_timeout_at=func.clock_timestamp() + seconds_from_now())
+        .returning(*lease.c)
+        .cte("beaten")
+    )
+    attempt = qs.attempt_state.alias("attempt")
+    return _lease_answer(beaten, attempt)

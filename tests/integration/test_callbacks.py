@@ -6,7 +6,8 @@ on one twin and by awa-sa, in a caller's transaction that also commits a busines
 other (:mod:`administering`): every row of every table of the phase's schemas and every
 sequence changed alike, the same NOTIFYs, the same answer. A call awa-pg answers with
 "callback not found" answers None and writes nothing; a rolled back call leaves every row as
-it was (a retry's lane reservation alone outlives it, as for the administering retry).
+it was (a retry's lane reservation alone outlives it, as for the administering retry). Every
+call also runs through asyncpg's async face, psycopg2, pg8000 and an ORM Session.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from administering import change, pg_call, same_job, snapshot, twins
 from callback_waits import CHANNELS, PHASES, SCHEMA, Parked, parked_twins
 from runtimes import rows
 from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.orm import Session
 
 import awa_sa
 import awa_sa.asyncio as awa_async
@@ -50,7 +52,10 @@ JOBS: tuple[dict[str, Any], ...] = (
     {"progress": True},  # 15 resume
     {"tags": ["h"]},  # 16 heartbeat
     {"queue": "cbc_q"},  # 17 resume
+    *({"tags": ["d"]} for _ in range(15)),  # 18 to 32: each driver and form, each call
 )
+FORMS = ("psycopg2", "pg8000", "session")
+"""psycopg2's and pg8000's Connections, and an ORM Session on psycopg 3's."""
 ROLLED_BACK, GUARDED, ASYNC, TWICE = 7, 8, 9, 13
 
 
@@ -259,3 +264,45 @@ def test_the_async_twins_end_a_wait_with_asyncpg(parked: Parked) -> None:
     assert (retried.id, retried.state, retried.attempt) == (parked.job(ASYNC), "available", 0)
     assert (failed.id, failed.state) == (parked.job(ASYNC), "failed")
     assert pg_call(parked.urls[1], on_pg(lambda c: c.complete_external(callback))) is None
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_every_call_through_every_driver_and_form(parked: Parked, form: str) -> None:
+    """On one twin, each call on a wait of its own, through psycopg2, pg8000 or a Session:
+    the answer and the job's state read back as through psycopg 3."""
+    first = 18 + FORMS.index(form) * len(CALLS)
+    driver = "psycopg" if form == "session" else form
+    url = sa.make_url(parked.urls[1]).set(drivername=f"postgresql+{driver}")
+    engine = sa.create_engine(url)
+    try:
+        for offset, (verb, (_, by_sa)) in enumerate(CALLS.items()):
+            n = first + offset
+            callback = parked.callback_id(1, n)
+            if form == "session":
+                with Session(engine) as session, session.begin():
+                    got = by_sa(session, callback)
+            else:
+                with engine.begin() as conn:
+                    got = by_sa(conn, callback)
+            assert got is not None, verb
+            assert (got.id, got.state) == (parked.job(n), STATE[verb]), verb
+            assert state_of(parked, n) == STATE[verb], verb
+    finally:
+        engine.dispose()
+
+
+def state_of(parked: Parked, n: int) -> str:
+    """The *n*-th job's state on the awa-sa twin, read back from the plane that holds it."""
+    schema = SCHEMA[parked.phase]
+    job_id = parked.job(n)
+    if schema is None:
+        sql = "SELECT state::text AS s FROM awa.jobs_hot WHERE id = :i"
+    else:
+        sql = (  # a retried job: its ready row enqueued again beside the first one
+            f"SELECT coalesce((SELECT state::text FROM {schema}.leases WHERE job_id = :i),"
+            f" (SELECT state::text FROM {schema}.done_entries WHERE job_id = :i),"
+            f" (SELECT 'available' FROM {schema}.ready_entries WHERE job_id = :i"
+            "   HAVING count(*) = 2)) AS s"
+        )
+    (row,) = rows(parked.engines[1], sql, i=job_id)
+    return str(row["s"])

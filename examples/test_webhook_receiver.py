@@ -152,7 +152,7 @@ async def test_each_webhook_ends_its_job_with_exactly_its_payment_row(
                 ),
                 {"ids": list(jobs.values())},
             )
-            states: dict[int, str] = dict(ended.tuples().all())
+            states = {int(job_id): str(state) for job_id, state in ended.all()}
     finally:
         await engine.dispose()
     assert {(r["order_id"], r["status"], r["job_id"], r["attempt"]) for r in rows} == {

@@ -41,6 +41,13 @@ from awa_sa.administer.dead_letters import (
     purge_dlq_job,
 )
 from awa_sa.administer.queue_control import drain_queue, pause_queue, resume_queue
+from awa_sa.callbacks.api import (
+    complete_external,
+    fail_external,
+    heartbeat_callback,
+    resume_external,
+    retry_external,
+)
 from awa_sa.core.errors import (
     AmbiguousAttempt,
     AttemptNotFound,
@@ -144,13 +151,16 @@ __all__ = [
     "bulk_move_failed_to_dlq",
     "cancel_by_unique_key",
     "cancel_job",
+    "complete_external",
     "discard_failed",
     "dlq_depth",
     "drain_queue",
     "enqueue",
     "enqueue_many",
+    "fail_external",
     "get_dlq_job",
     "get_job",
+    "heartbeat_callback",
     "jobs_view",
     "list_dlq",
     "list_jobs",
@@ -161,7 +171,9 @@ __all__ = [
     "queue_stats",
     "reschedule_canonical_attempt",
     "reschedule_canonical_attempts",
+    "resume_external",
     "resume_queue",
+    "retry_external",
     "retry_failed",
     "retry_job",
     "running_attempts",

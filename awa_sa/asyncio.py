@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, TypeVar, cast
+from uuid import UUID
 
 try:  # SQLAlchemy's own message would name its extra, not ours
     importlib.import_module("greenlet")
@@ -31,6 +32,7 @@ from awa_sa.administer import api as administer
 from awa_sa.administer import dead_letters as dlq
 from awa_sa.administer import queue_control
 from awa_sa.administer.dead_letters import DlqEntry
+from awa_sa.callbacks import api as callbacks
 from awa_sa.core import binds
 from awa_sa.core.driver_errors import translated_error
 from awa_sa.core.drivers import check_dialect
@@ -55,13 +57,16 @@ __all__ = [
     "bulk_move_failed_to_dlq",
     "cancel_by_unique_key",
     "cancel_job",
+    "complete_external",
     "discard_failed",
     "dlq_depth",
     "drain_queue",
     "enqueue",
     "enqueue_many",
+    "fail_external",
     "get_dlq_job",
     "get_job",
+    "heartbeat_callback",
     "list_dlq",
     "list_jobs",
     "move_failed_to_dlq",
@@ -71,7 +76,9 @@ __all__ = [
     "queue_stats",
     "reschedule_canonical_attempt",
     "reschedule_canonical_attempts",
+    "resume_external",
     "resume_queue",
+    "retry_external",
     "retry_failed",
     "retry_job",
     "running_attempts",
@@ -375,6 +382,57 @@ async def queue_stats(bind: AsyncEngine | AsyncConnection | AsyncSession) -> lis
     """Async :func:`awa_sa.queue_stats`; same arguments, result and errors."""
     _check_bind(bind)
     return await _on_sync(bind, reads.read, reads.queue_stats_step())
+
+
+async def complete_external(
+    bind: AsyncEngine | AsyncConnection | AsyncSession,
+    callback_id: str | UUID,
+    payload: Any | None = None,
+    *,
+    run_lease: int | None = None,
+) -> JobRow | None:
+    """Async :func:`awa_sa.complete_external`; same arguments, result and errors."""
+    return await _administered(
+        bind, callbacks.complete_external_step(callback_id, payload, run_lease)
+    )
+
+
+async def fail_external(
+    bind: AsyncEngine | AsyncConnection | AsyncSession,
+    callback_id: str | UUID,
+    error: str,
+    *,
+    run_lease: int | None = None,
+) -> JobRow | None:
+    """Async :func:`awa_sa.fail_external`; same arguments, result and errors."""
+    return await _administered(bind, callbacks.fail_external_step(callback_id, error, run_lease))
+
+
+async def retry_external(
+    bind: AsyncEngine | AsyncConnection | AsyncSession, callback_id: str | UUID
+) -> JobRow | None:
+    """Async :func:`awa_sa.retry_external`; same arguments, result and errors."""
+    return await _administered(bind, callbacks.retry_external_step(callback_id))
+
+
+async def resume_external(
+    bind: AsyncEngine | AsyncConnection | AsyncSession,
+    callback_id: str | UUID,
+    payload: Any | None = None,
+) -> JobRow | None:
+    """Async :func:`awa_sa.resume_external`; same arguments, result and errors."""
+    return await _administered(bind, callbacks.resume_external_step(callback_id, payload))
+
+
+async def heartbeat_callback(
+    bind: AsyncEngine | AsyncConnection | AsyncSession,
+    callback_id: str | UUID,
+    timeout_seconds: float = 3600.0,
+) -> JobRow | None:
+    """Async :func:`awa_sa.heartbeat_callback`; same arguments, result and errors."""
+    return await _administered(
+        bind, callbacks.heartbeat_callback_step(callback_id, timeout_seconds)
+    )
 
 
 async def _administered(

@@ -41,6 +41,18 @@ from awa_sa.administer.statements.dlq import list_dlq_rows, move_to_dlq, purge_d
 from awa_sa.administer.statements.failed_discard import discard_failed_qs
 from awa_sa.administer.statements.failed_retry import retry_done, retry_targets
 from awa_sa.administer.statements.queue_control import pause_queue_meta, resume_queue_meta
+from awa_sa.callbacks.statements.canonical import (
+    end_callback_canonical,
+    heartbeat_callback_canonical,
+)
+from awa_sa.callbacks.statements.leases import (
+    callback_lease,
+    end_lease,
+    ended_lease_claims,
+    heartbeat_lease,
+    resume_lease,
+    retry_callback_lease,
+)
 from awa_sa.core.registry import all_builders
 from awa_sa.enqueue.bulk import bulk_lanes, bulk_routing, bulk_write
 from awa_sa.enqueue.statements import insert_jobs, unique_holder
@@ -75,6 +87,7 @@ __all__ = [
     "bulk_lanes",
     "bulk_routing",
     "bulk_write",
+    "callback_lease",
     "cancel_available",
     "cancel_deferred",
     "cancel_job_canonical",
@@ -91,9 +104,14 @@ __all__ = [
     "drain_queue_canonical",
     "drain_targets",
     "end_attempts",
+    "end_callback_canonical",
+    "end_lease",
+    "ended_lease_claims",
     "ensure_lane_head",
     "ensure_lane_row",
     "ensure_lane_sequences",
+    "heartbeat_callback_canonical",
+    "heartbeat_lease",
     "insert_cancelled",
     "insert_deferred",
     "insert_jobs",
@@ -108,7 +126,9 @@ __all__ = [
     "queue_stats_rows",
     "read_job",
     "read_routing",
+    "resume_lease",
     "resume_queue_meta",
+    "retry_callback_lease",
     "retry_done",
     "retry_failed_canonical",
     "retry_job_canonical",

@@ -84,8 +84,10 @@ def test_no_module_imports_from_a_layer_above_it(path: Path) -> None:
 SHARED = {"core", "tables"}
 """The packages every capability stands on; they import no capability."""
 CAPABILITIES = {"settle", "enqueue", "administer", "callbacks", "read"}
-EDGES = {"administer": {"settle"}}
-"""The one edge between capabilities: cancelling a running attempt is settling it."""
+EDGES = {"administer": {"settle"}, "callbacks": {"administer", "settle"}}
+"""The edges between capabilities: cancelling a running attempt is settling it; ending a
+callback wait deletes its lease and closes its receipt as the administering cancel and retry of
+a wait do, and answers their ``JobRow``."""
 
 
 def package_of(module: str) -> str | None:

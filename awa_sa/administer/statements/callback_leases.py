@@ -70,10 +70,11 @@ _LANE = ("ready_slot", "ready_generation", "queue", "enqueue_shard", "lane_seq",
 _NULL_JSON = cast(text_literal("null"), JSONB)
 
 
-def _receipts_closed(gone: CTE, prefix: str = "") -> list[CTE]:
-    """The deleted lease's receipt closed as ``rescue``, as awa-pg closes the receipt of every
-    lease it deletes: a ``lease_claims`` row (closure and ``closed_at``), or a compact one (a
-    closure batch per claim batch, unless some closure already names it)."""
+def receipts_closed(gone: CTE, outcome: str = "rescue", prefix: str = "") -> list[CTE]:
+    """The deleted lease's receipt closed as *outcome*: ``rescue``, as awa-pg closes the
+    receipt of every lease it deletes, or the callback's own ending (``completed``, ...), which
+    awa-pg's callback calls write first: a ``lease_claims`` row (closure and ``closed_at``), or
+    a compact one (a closure batch per claim batch, unless some closure already names it)."""
     batch = qs.lease_claim_batches.alias("claim_batches")
     items = (
         func.unnest(batch.c.job_ids, batch.c.run_leases, batch.c.receipt_ids)
@@ -126,7 +127,7 @@ def _receipts_closed(gone: CTE, prefix: str = "") -> list[CTE]:
                 o.claim_slot,
                 o.ready_slot,
                 o.ready_generation,
-                text_literal("rescue"),
+                text_literal(outcome),
                 cast(func.count(), Integer),
                 func.array_agg(aggregate_order_by(o.receipt_id, ordered)),
                 func.range_agg(aggregate_order_by(one_range, ordered), type_=INT8MULTIRANGE),
@@ -136,7 +137,7 @@ def _receipts_closed(gone: CTE, prefix: str = "") -> list[CTE]:
         .returning(ranges.c.claim_slot)
         .cte(f"{prefix}inserted_batches")
     )
-    return [close_removed_receipts(gone, "rescue", prefix=prefix), closed]
+    return [close_removed_receipts(gone, outcome, prefix=prefix), closed]
 
 
 def _leased(verb: Verb, table: Any = qs.leases, *, many: bool = False) -> ColumnElement[bool]:
@@ -194,9 +195,12 @@ def runtime_payload(payload: Any, progress: Any) -> ColumnElement[Any]:
 
 
 def _hydrated(verb: Verb, *, many: bool = False) -> tuple[CTE, CTE]:
-    """The lease deleted (``gone``) and the job read back from its ready row, its
-    ``attempt_state`` row deleted (``hydrated``), as awa-pg hydrates a deleted lease."""
-    leased = _leased(verb, many=many)
+    return hydrated(_leased(verb, many=many))
+
+
+def hydrated(leased: ColumnElement[bool]) -> tuple[CTE, CTE]:
+    """The leases *leased* picks deleted (``gone``) and each job read back from its ready row,
+    its ``attempt_state`` row deleted (``hydrated``), as awa-pg hydrates a deleted lease."""
     gone = delete(qs.leases).where(leased).returning(*qs.leases.c).cte("gone")
     attempt = qs.attempt_state
     flushed = (
@@ -287,7 +291,7 @@ def cancel_lease() -> Select[Any]:
         h.c.payload,
         cancel_notice(w.job_id, w.run_lease).label("notified"),
     ).select_from(written.join(h, h.c.job_id == w.job_id))
-    effects = [*_receipts_closed(gone), insert_terminal_delta(written), released]
+    effects = [*receipts_closed(gone), insert_terminal_delta(written), released]
     return answer.add_cte(*effects)
 
 
@@ -316,7 +320,7 @@ def retry_lease() -> Select[Any]:
     gone, h = _hydrated("retry")
     enqueued, enqueuing, told = enqueued_again(h)
     answer = select(*enqueued.c, told.label("told"))
-    return answer.add_cte(*_receipts_closed(gone), *enqueuing)
+    return answer.add_cte(*receipts_closed(gone), *enqueuing)
 
 
 @statement
@@ -363,4 +367,4 @@ def retry_done_resuming() -> Select[Any]:
     ).cte("retried")
     enqueued, enqueuing, told = enqueued_again(both)
     answer = select(*enqueued.c, told.label("told")).order_by(enqueued.c.job_id)
-    return answer.add_cte(*effects, *_receipts_closed(gone, "lease_"), *enqueuing)
+    return answer.add_cte(*effects, *receipts_closed(gone, prefix="lease_"), *enqueuing)

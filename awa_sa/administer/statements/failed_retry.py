@@ -306,11 +306,12 @@ def failed_removed() -> tuple[CTE, list[CTE]]:
     return proj, [close_removed_receipts(removed), removed_deltas(removed, summed=False)]
 
 
-def enqueued_again(proj: CTE) -> tuple[CTE, list[CTE], Any]:
+def enqueued_again(proj: CTE, *, attempted: bool = False) -> tuple[CTE, list[CTE], Any]:
     """Each job of *proj* enqueued again on shard 0 of its lane at the ring cursor
     (``b_ready_slot``, ...), ``attempt = 0`` and ``run_at`` now, under its own id and run
     lease, the lane numbers given in id order: the new ready rows, the CTEs that write their
-    segments, and the count of queues told (their NOTIFYs)."""
+    segments, and the count of queues told (their NOTIFYs). ``attempted_at`` is NULL, or with
+    *attempted* the one of *proj* (awa-pg's ``retry_external`` keeps the wait's)."""
     effects: list[CTE] = []
     lanes = select(proj.c.queue, proj.c.priority, func.count().label("n")).group_by(
         proj.c.queue, proj.c.priority
@@ -341,7 +342,7 @@ def enqueued_again(proj: CTE) -> tuple[CTE, list[CTE], Any]:
         "lane_seq": reserved.c.first_seq + order - literal_column("1"),
         "enqueue_shard": SHARD0,
         "run_at": func.clock_timestamp(),
-        "attempted_at": cast(None, Timestamp),
+        "attempted_at": proj.c.attempted_at if attempted else cast(None, Timestamp),
         "created_at": proj.c.created_at,
         "unique_key": proj.c.unique_key,
         "unique_states": proj.c.unique_states,

@@ -1,0 +1,1 @@
+"""The callback calls' statements: canonical (``canonical``) and queue storage (``leases``)."""

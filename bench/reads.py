@@ -9,8 +9,9 @@ A table ``orders`` of 100 rows names 100 of those jobs.
 
 Measured, on ids spread over the whole range:
 
-* awa-sa's ``get_job(engine, id)`` (Engine form: routing, then the job, two statements);
-* its job statement alone, and the join of the 100 orders with ``jobs_view``'s selectable:
+* awa-sa's ``get_job(engine, id)`` (Engine form: one statement, routing read inside it);
+* its statement alone, prepared as psycopg 3 prepares it (the generic plan the server keeps),
+  and the join of the 100 orders with ``jobs_view``'s selectable:
   ``EXPLAIN (ANALYZE, BUFFERS)`` for the server's planning and execution time, the buffers
   read, and whether any table of jobs was scanned rather than read by index;
 * awa-pg's ``Client.get_job(id)`` (sync client), its statements and their server time
@@ -88,7 +89,7 @@ def run(server: EmbeddedPostgres, cluster: str, size: int, calls: int) -> dict[s
         reading: Callable[[int], Any] = lambda i: awa_sa.get_job(engine, i)  # noqa: E731
         result["awa_sa_get_job"] = _wall(reading, picks) | _server_cost(engine, reading, picks[0])
         lookup = compiled(read_job(plane="queue_storage"), engine.dialect, SCHEMA).sql
-        result["lookup_plan"] = _explained(engine, lookup, {"b_job_id": picks[0]}, picks)
+        result["lookup_plan"] = _explained_prepared(engine, lookup, picks)
         result["join_plan"] = _explained(engine, _join_sql(engine), None, picks)
         client = awa.Client(sa.make_url(url).set(drivername="postgresql").render_as_string(False))
         try:
@@ -219,15 +220,7 @@ def _explained(
         conn.rollback()
     plan = (json.loads(found) if isinstance(found, str) else found)[0]
     top = plan["Plan"]
-    scanned = sorted(
-        {
-            f"{node['Relation Name']} ({_met(node)})"
-            for node in _nodes(top)
-            if node["Node Type"] == "Seq Scan"
-            and _is_job_table(node["Relation Name"])
-            and _met(node) > 0  # an empty partition's scan reads nothing
-        }
-    )
+    scanned = _scanned(top)
     return {
         "planning_ms": plan["Planning Time"],
         "execution_ms": plan["Execution Time"],
@@ -237,6 +230,50 @@ def _explained(
             {n.get("Function Name", "") for n in _nodes(top) if n["Node Type"] == "Function Scan"}
         ),
     }
+
+
+def _explained_prepared(engine: sa.Engine, sql: str, ids: list[int]) -> dict[str, Any]:
+    """get_job's statement as its calls run it: prepared (psycopg 3 prepares on the sixth
+    execution), its plan the server's generic one once five custom plans cost no less, then
+    ``EXPLAIN (ANALYZE, BUFFERS) EXECUTE``, the median of 20 by server time."""
+    text = sql.replace("%(b_job_id)s", "$1").replace("%(b_schema)s", "$2")
+    with engine.connect() as conn:
+        conn.exec_driver_sql(f"PREPARE bench_read_job (bigint, text) AS {text}")
+        for job_id in ids[:10]:
+            conn.exec_driver_sql(f"EXECUTE bench_read_job ({int(job_id)}, '{SCHEMA}')").all()
+        plans = []
+        for job_id in ids[10:30]:
+            found = conn.exec_driver_sql(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)"
+                f" EXECUTE bench_read_job ({int(job_id)}, '{SCHEMA}')"
+            ).scalar_one()
+            plans.append((json.loads(found) if isinstance(found, str) else found)[0])
+        generic = conn.exec_driver_sql(
+            "SELECT generic_plans FROM pg_prepared_statements WHERE name = 'bench_read_job'"
+        ).scalar_one()
+        conn.rollback()
+    plans.sort(key=lambda p: p["Planning Time"] + p["Execution Time"])
+    plan = plans[len(plans) // 2]
+    top = plan["Plan"]
+    return {
+        "planning_ms": plan["Planning Time"],
+        "execution_ms": plan["Execution Time"],
+        "buffers": int(top["Shared Hit Blocks"]) + int(top["Shared Read Blocks"]),
+        "seq_scans_of_jobs": _scanned(top),
+        "generic": int(generic) > 0,
+    }
+
+
+def _scanned(top: dict[str, Any]) -> list[str]:
+    return sorted(
+        {
+            f"{node['Relation Name']} ({_met(node)})"
+            for node in _nodes(top)
+            if node["Node Type"] == "Seq Scan"
+            and _is_job_table(node["Relation Name"])
+            and _met(node) > 0  # an empty partition's scan reads nothing
+        }
+    )
 
 
 def _met(node: dict[str, Any]) -> int:
@@ -276,7 +313,7 @@ def summary(result: dict[str, Any]) -> str:
     )
     lines.append(f"  awa-pg / awa-sa get_job   {pg_call['median_ms'] / sa_call['median_ms']:9.1f}x")
     for name, label in (
-        ("lookup_plan", "get_job's statement"),
+        ("lookup_plan", "get_job (prepared)"),
         ("join_plan", "100 orders join jobs"),
         ("awa_jobs_plan", "awa.jobs WHERE id"),
     ):

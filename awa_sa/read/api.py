@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
+from weakref import WeakKeyDictionary
 
 from sqlalchemy import Connection, Engine, Select, literal
 from sqlalchemy.sql.elements import ColumnElement
@@ -22,7 +23,7 @@ from awa_sa.core.errors import ValidationError
 from awa_sa.core.job_rows import JobRow
 from awa_sa.read.statements.jobs import job_selectable
 from awa_sa.read.statements.listings import QS_LIMIT, list_jobs_rows
-from awa_sa.read.statements.lookups import ROUTING, job_rows, read_job
+from awa_sa.read.statements.lookups import ROUTING, Plane, job_rows, read_job
 from awa_sa.read.statements.schemas import of_schema, placeholder
 from awa_sa.read.statements.stats import QueueStat, queue_stats_of, queue_stats_rows
 from awa_sa.tables.queue_storage import translate_map
@@ -35,6 +36,8 @@ Step = Callable[[Connection], _T]
 """What a read does on a Connection, once validated; both faces run it."""
 
 CANONICAL = "canonical"
+_UNSEEN = "\0unseen"
+"""No routing met yet: not a schema name (a NUL is refused in one)."""
 BIGINT_MAX = 2**63 - 1
 
 
@@ -48,10 +51,14 @@ def job_id_of(job_id: object, name: str = "job_id") -> int:
 
 def read(bind: Engine | Connection | Session, step: Step[_T]) -> _T:
     """*step* in the bind's transaction (a Connection or Session), or on a connection of the
-    Engine's own (its transaction ended, nothing to commit). AUTOCOMMIT reads too."""
+    Engine's own (its read-only transaction committed). AUTOCOMMIT reads too."""
     if isinstance(bind, Engine):
         with translated(), bind.connect() as conn:
-            return guarded(conn, _on, step)
+            found = guarded(conn, _on, step)
+            # Ended by COMMIT, which leaves it idle: the pool's ROLLBACK is then a no-op, and
+            # psycopg 3 keeps its prepared statements (it discards them all on a ROLLBACK).
+            conn.commit()
+            return found
     if not isinstance(bind, Connection):
         with translated():  # a Session's autobegin checks a connection out
             bind = bind.connection()
@@ -62,16 +69,30 @@ def _on(conn: Connection, step: Step[_T]) -> _T:
     return step(conn)
 
 
+_LAST_ROUTING: WeakKeyDictionary[Engine, str | None] = WeakKeyDictionary()
+"""The routing each Engine's last read met: the schema the next read's text is compiled for."""
+
+
 def get_job_step(job_id: object) -> Step[JobRow | None]:
-    """The validated step of :func:`get_job`, for either face."""
+    """The validated step of :func:`get_job`, for either face: one statement, compiled for
+    the routing the engine last met and checking it (a read meeting another routing, the first
+    on an engine, or the one after a flip, is read again for the routing it met)."""
     asked = {"b_job_id": job_id_of(job_id)}
 
     def step(conn: Connection) -> JobRow | None:
-        schema = run(conn, ROUTING, None)
-        query = read_job(plane="canonical") if schema is None else read_job(plane="queue_storage")
-        rows = execute(conn, query, asked, schema)
-        found = job_rows(rows, CANONICAL if schema is None else schema)
-        return found[0] if found else None
+        engine = conn.engine
+        schema = _LAST_ROUTING.get(engine, _UNSEEN)
+        if schema is _UNSEEN:
+            schema = run(conn, ROUTING, None)
+        while True:
+            plane: Plane = "canonical" if schema is None else "queue_storage"
+            rows = execute(conn, read_job(plane=plane), asked | {"b_schema": schema}, schema)
+            met = rows[0].routing_schema
+            _LAST_ROUTING[engine] = met
+            if met == schema:
+                found = job_rows([row[1:] for row in rows if row.id is not None], met or CANONICAL)
+                return found[0] if found else None
+            schema = met
 
     return step
 

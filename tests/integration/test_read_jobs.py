@@ -21,7 +21,7 @@ import pytest
 import sqlalchemy as sa
 from conftest import QUIESCED_FLIP, run_awa
 from reading import Seeded, populated
-from runtimes import pg_url
+from runtimes import STILL_RINGS, hold_leadership, pg_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import awa_sa
@@ -332,7 +332,8 @@ def test_a_lookup_by_id_reads_by_index_and_stays_flat(queue_storage: sa.Engine) 
             )
             conn.execute(sa.text("ANALYZE"))
         with queue_storage.begin() as conn:
-            one = _read_rows_by_index_only(_plan(conn, lookup, {"b_job_id": ids[10]}), own=set())
+            asked = {"b_job_id": ids[10], "b_schema": "awa"}
+            one = _read_rows_by_index_only(_plan(conn, lookup, asked), own=set())
             # At these sizes PostgreSQL rightly hashes 100 orders against a seq scan; the
             # join's index path, the one it takes as the tables grow, is read with that off.
             conn.exec_driver_sql("SET LOCAL enable_hashjoin = off")
@@ -342,3 +343,79 @@ def test_a_lookup_by_id_reads_by_index_and_stays_flat(queue_storage: sa.Engine) 
     (small_one, small_many), (large_one, large_many) = touched
     assert large_one <= small_one + 4, touched
     assert large_many <= small_many * 1.05, touched  # an index may gain a level meanwhile
+
+
+async def _worker_completes(url: str, engine: sa.Engine, count: int) -> list[int]:
+    """*count* jobs a real awa-pg worker completed (compact completions, as it writes them),
+    the leader lock held so nothing rotates or prunes."""
+    leader = await asyncio.to_thread(hold_leadership, engine)
+    client = awa.AsyncClient(pg_url(url))
+
+    async def done(job: Any) -> Any:
+        return None
+
+    client.task(dict, kind="done", queue="done_q")(done)
+    try:
+        await client.start([("done_q", 8)], poll_interval_ms=20, **STILL_RINGS)  # type: ignore[arg-type]
+        jobs = await client.insert_many_copy(
+            [{"n": n} for n in range(count)], kind="done", queue="done_q"
+        )
+        ids = [job.id for job in jobs]
+        finished = sa.text(
+            "SELECT (SELECT count(*) FROM awa.done_entries) + (SELECT coalesce(sum("
+            "completed_count), 0) FROM awa.receipt_completion_batches)"
+        )
+        for _ in range(12_000):  # the worker's own pace, so polled
+            with engine.connect() as conn:
+                if conn.execute(finished).scalar_one() >= count:
+                    return ids
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"the worker did not complete {count} jobs")
+    finally:
+        await client.shutdown()
+        await client.close()
+        leader.close()
+
+
+def test_a_completed_job_is_one_generic_index_read(queue_storage: sa.Engine) -> None:
+    """On jobs a real worker completed, get_job is one prepared statement whose generic plan
+    reads each table by index in the job's own partitions: every other partition of a table
+    keyed by the job's ring slot is pruned when it runs; its answer is awa-pg's."""
+    url = queue_storage.url.render_as_string(False)
+    ids = asyncio.run(_worker_completes(url, queue_storage, 400))
+    with queue_storage.begin() as conn:
+        conn.execute(sa.text("ANALYZE"))
+    text = compiled(read_job(plane="queue_storage"), queue_storage.dialect, "awa").sql
+    text = text.replace("%(b_job_id)s", "$1").replace("%(b_schema)s", "$2")
+    picks = ids[::20]
+    with queue_storage.connect() as conn:
+        conn.exec_driver_sql(f"PREPARE one_job (bigint, text) AS {text}")
+        for job_id in picks[:10]:
+            conn.exec_driver_sql(f"EXECUTE one_job ({job_id}, 'awa')").all()
+        explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE one_job ({}, 'awa')"
+        found = conn.exec_driver_sql(explain.format(picks[10])).scalar_one()
+        plan = (json.loads(found) if isinstance(found, str) else found)[0]
+        generic = conn.exec_driver_sql(
+            "SELECT generic_plans FROM pg_prepared_statements WHERE name = 'one_job'"
+        ).scalar_one()
+        conn.rollback()
+    assert generic > 0  # the server keeps one plan: no planning over every partition per call
+    assert plan["Planning Time"] < 5, plan["Planning Time"]
+    batches = 0
+    for node in _nodes(plan["Plan"]):
+        name = node.get("Relation Name", "")
+        if node["Node Type"] == "Seq Scan" and node.get("Actual Loops", 0) > 0:
+            met = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
+            if name.startswith("receipt_completion_batches_"):
+                batches += met  # no index by job: the job's slot's batches, each tested
+            else:  # a small partition the planner rightly scans (a slot's few closure
+                # batches at this size), never a row per job
+                assert met < len(ids) // 4, (name, met)
+    with queue_storage.connect() as conn:
+        in_slot = conn.exec_driver_sql("SELECT count(*) FROM awa.receipt_completion_batches")
+        assert 0 < batches <= in_slot.scalar_one()
+    theirs, _, _ = asyncio.run(_awa_pg_reads(url, picks))
+    for job_id in picks:
+        mine = awa_sa.get_job(queue_storage, job_id)
+        same_as_awa_pg(mine, theirs[job_id])
+        assert getattr(mine, "state", None) == "completed", job_id

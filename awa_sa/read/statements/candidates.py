@@ -45,6 +45,7 @@ from sqlalchemy import (
     Text,
     Uuid,
     and_,
+    any_,
     case,
     cast,
     column,
@@ -53,6 +54,7 @@ from sqlalchemy import (
     literal_column,
     null,
     select,
+    true,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.sql.elements import ColumnElement
@@ -306,8 +308,10 @@ def done_leg(t: Tables, job: ColumnElement[Any]) -> Select[Any]:
 
 
 def completed_leg(t: Tables, job: ColumnElement[Any]) -> Select[Any]:
-    """``terminal_jobs``' second half: a compact completion's position, found through the
-    job's ready rows (``receipt_completion_batches`` has no index by job)."""
+    """``terminal_jobs``' second half: a compact completion's position, found from each of the
+    job's ready rows. ``receipt_completion_batches`` has no index by job (Awa dropped its GIN
+    index to keep completions cheap), so the batches of the ready row's slot, generation and
+    lane are read through their lane index, each tested for the job before it is expanded."""
     batch = t["receipt_completion_batches"].alias("batch")
     ready = t["ready_entries"].alias("ready")
     tomb = t["receipt_completion_tombstones"].alias("tomb")
@@ -324,30 +328,37 @@ def completed_leg(t: Tables, job: ColumnElement[Any]) -> Select[Any]:
         .render_derived(name="item")
     )
     i = items.c
-    values = {**of_ready(ready), "state": state("completed"), "priority": b.priority}
-    values |= {name: i[name] for name in ("attempt", "run_lease", "attempted_at")}
-    values |= {"max_attempts": r.max_attempts, "finalized_at": b.finalized_at}
-    values["queue"] = b.queue
-    joined = ready.join(
-        batch,
-        and_(
-            b.ready_slot == r.ready_slot,
-            b.ready_generation == r.ready_generation,
-            b.queue == r.queue,
-            b.priority == r.priority,
-            b.enqueue_shard == r.enqueue_shard,
-        ),
-    ).join(items, and_(i.lane_seq == r.lane_seq, i.job_id == r.job_id))
     buried = exists().where(
         tomb.c.ready_slot == b.ready_slot,
         tomb.c.ready_generation == b.ready_generation,
         tomb.c.job_id == i.job_id,
         tomb.c.run_lease == i.run_lease,
     )
+    position = (
+        select(b.priority, b.queue, b.finalized_at, i.attempt, i.run_lease, i.attempted_at)
+        .select_from(batch.join(items, true()))
+        .where(
+            b.ready_slot == r.ready_slot,
+            b.ready_generation == r.ready_generation,
+            b.queue == r.queue,
+            b.priority == r.priority,
+            b.enqueue_shard == r.enqueue_shard,
+            r.job_id == any_(b.job_ids),
+            i.lane_seq == r.lane_seq,
+            i.job_id == r.job_id,
+            ~buried,
+        )
+        .lateral("completion")
+    )
+    p = position.c
+    values = {**of_ready(ready), "state": state("completed"), "priority": p.priority}
+    values |= {name: p[name] for name in ("attempt", "run_lease", "attempted_at")}
+    values |= {"max_attempts": r.max_attempts, "finalized_at": p.finalized_at}
+    values["queue"] = p.queue
     return (
         select(*row(values, ready_anchor(ready), 6))
-        .select_from(joined)
-        .where(r.job_id == job, ~buried)
+        .select_from(ready.join(position, true()))
+        .where(r.job_id == job)
     )
 
 

@@ -36,6 +36,7 @@ from sqlalchemy import (
     func,
     literal_column,
     select,
+    true,
     union_all,
 )
 from sqlalchemy.sql.elements import ColumnElement
@@ -143,7 +144,12 @@ def answer(t: Tables, anchored: Subquery, planes: Planes, schema: ColumnElement[
             legs.append(canonical_leg(table, number, a.id).where(gate).correlate(anchored))
     if planes != "canonical":
         legs += [leg(t, a.id).where(*qs_gate).correlate(anchored) for leg in QUEUE_STORAGE_LEGS]
-    found = union_all(*legs).subquery("candidate")
+    return _best(legs, "candidate").lateral("answer")
+
+
+def _best(legs: list[Select[Any]], name: str) -> Select[Any]:
+    """The greatest of the candidates, as awa-pg picks it."""
+    found = union_all(*legs).subquery(name)
     c = found.c
     return (
         select(found)
@@ -155,8 +161,32 @@ def answer(t: Tables, anchored: Subquery, planes: Planes, schema: ColumnElement[
             c.anchor_lane.desc(),
         )
         .limit(literal_column("1"))
-        .lateral("answer")
     )
+
+
+def one_job(t: Tables, planes: Planes, job: ColumnElement[Any], schema: Any) -> Select[Any]:
+    """Job *job* on the plane routing points at, and routing itself, in one row: the
+    candidates read straight by the job's id, without the anchors a join needs (every
+    candidate stands on a row of its own tables). The routing function runs once; the
+    canonical candidates are read only while it says canonical, those of *schema* (a bound
+    value) only while it names *schema*: a row whose ``routing_schema`` is another schema
+    carries no job, and the caller reads again for that one."""
+    # Materialised, so the function runs once rather than in every leg's gate.
+    routing = (
+        select(func.awa.active_queue_storage_schema(type_=Text).label("schema"))
+        .cte("routing")
+        .prefix_with("MATERIALIZED")
+    )
+    now = routing.c.schema
+    legs = [
+        canonical_leg(table, number, job).where(now.is_(None))
+        for table, number in ((jobs_hot, HOT), (scheduled_jobs, SCHEDULED))
+    ]
+    if planes != "canonical":
+        legs += [leg(t, job).where(now == schema) for leg in QUEUE_STORAGE_LEGS]
+    best = _best(legs, "candidate").lateral("answer")
+    columns = [now.label("routing_schema"), *(best.c[name] for name, _ in JOB_COLUMNS)]
+    return select(*columns).select_from(routing.outerjoin(best, true()))
 
 
 def job_selectable(

@@ -10,7 +10,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import BigInteger, SmallInteger, and_, column, exists, func, or_, select
+from sqlalchemy import (
+    BigInteger,
+    SmallInteger,
+    and_,
+    any_,
+    column,
+    exists,
+    func,
+    or_,
+    select,
+    true,
+)
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import Select
 
@@ -86,8 +97,9 @@ def claims_leg(t: Tables, job: ColumnElement[Any]) -> Select[Any]:
 
 
 def batch_claims_leg(t: Tables, job: ColumnElement[Any]) -> Select[Any]:
-    """The compact receipts: found through the job's ready rows, the claim batches of their
-    ring slot (``lease_claim_batches`` has no index by job)."""
+    """The compact receipts: found from each of the job's ready rows, the claim batches of its
+    ready slot and generation (``lease_claim_batches`` has no index by job), each tested for
+    the job before it is expanded."""
     batch = t["lease_claim_batches"].alias("claim")
     ready = t["ready_entries"].alias("ready")
     attempt = t["attempt_state"].alias("attempt")
@@ -119,25 +131,36 @@ def batch_claims_leg(t: Tables, job: ColumnElement[Any]) -> Select[Any]:
         _materialised(t, i.job_id, i.run_lease),
         *_settled(t, i.job_id, i.run_lease),
     )
-    values = {**of_ready(ready), **with_attempt(ready.c.payload, attempt)}
-    values |= {"state": state("running"), "heartbeat_at": a.heartbeat_at, "priority": b.priority}
-    values |= {name: i[name] for name in ("attempt", "run_lease", "max_attempts")}
-    values |= {"deadline_at": b.deadline_at, "attempted_at": b.claimed_at}
-    joined = (
-        ready.join(
-            batch,
-            and_(
-                b.ready_slot == ready.c.ready_slot,
-                b.ready_generation == ready.c.ready_generation,
-                b.queue == ready.c.queue,
-                b.enqueue_shard == ready.c.enqueue_shard,
-            ),
+    position = (
+        select(
+            b.priority,
+            b.deadline_at,
+            b.claimed_at,
+            *(i[name] for name in ("job_id", "attempt", "run_lease", "max_attempts")),
         )
-        .join(items, and_(i.lane_seq == ready.c.lane_seq, i.job_id == ready.c.job_id))
-        .outerjoin(attempt, and_(a.job_id == i.job_id, a.run_lease == i.run_lease))
+        .select_from(batch.join(items, true()))
+        .where(
+            b.ready_slot == ready.c.ready_slot,
+            b.ready_generation == ready.c.ready_generation,
+            b.queue == ready.c.queue,
+            b.enqueue_shard == ready.c.enqueue_shard,
+            ready.c.job_id == any_(b.job_ids),
+            i.lane_seq == ready.c.lane_seq,
+            i.job_id == ready.c.job_id,
+            ~closed,
+        )
+        .lateral("position")
+    )
+    p = position.c
+    values = {**of_ready(ready), **with_attempt(ready.c.payload, attempt)}
+    values |= {"state": state("running"), "heartbeat_at": a.heartbeat_at, "priority": p.priority}
+    values |= {name: p[name] for name in ("attempt", "run_lease", "max_attempts")}
+    values |= {"deadline_at": p.deadline_at, "attempted_at": p.claimed_at}
+    joined = ready.join(position, true()).outerjoin(
+        attempt, and_(a.job_id == p.job_id, a.run_lease == p.run_lease)
     )
     return (
         select(*row(values, ready_anchor(ready), 5))
         .select_from(joined)
-        .where(ready.c.job_id == job, ~closed)
+        .where(ready.c.job_id == job)
     )

@@ -247,9 +247,12 @@ async def _race(side: Twin) -> dict[str, Any]:
     cancel does not read, with the cancel waiting behind the claim)."""
     client = awa.AsyncClient(pg_url(side.url))
     ran: list[int] = []
+    answered = asyncio.Event()  # the held job's handler runs on until the cancel has answered
 
     async def race(job: Any) -> None:
         ran.append(job.id)
+        if job.args["n"] == 3:
+            await answered.wait()  # else its completion could end it before the cancel reads
 
     client.task(dict, kind="race", queue="race_q")(race)
     first = await client.insert({"n": 1}, kind="race", queue="race_q")
@@ -279,6 +282,7 @@ async def _race(side: Twin) -> dict[str, Any]:
         finally:
             holder.close()
         found["held_answer"] = await asyncio.wrap_future(cancel)
+        answered.set()
         for _ in range(6000):
             if held.id in ran:
                 break

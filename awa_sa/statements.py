@@ -77,12 +77,14 @@ from awa_sa.settle.statements.duplicate import (
 )
 from awa_sa.settle.statements.endings import end_attempts
 from awa_sa.settle.statements.job_receipts import claim_of_job, open_claims
+from awa_sa.settle.statements.listings import attempt_lookup
 from awa_sa.settle.statements.migration import claim_unique_keys, insert_deferred, take_and_allocate
 
 __all__ = [
     "LIFECYCLE_DUPLICATE",
     "ROUTING_BODY_MD5",
     "all_builders",
+    "attempt_lookup",
     "available_lane",
     "bulk_lanes",
     "bulk_routing",

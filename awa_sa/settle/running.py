@@ -42,9 +42,11 @@ from awa_sa.core.driver_errors import translated
 from awa_sa.core.errors import AmbiguousAttempt, AttemptNotFound, ValidationError
 from awa_sa.settle.statements.job_receipts import LOOKUP_BINDS, claim_of_job
 from awa_sa.settle.statements.listings import (
+    DEFAULT_SCHEMA,
     CanonicalListing,
     Filters,
     Listed,
+    attempt_lookup,
     canonical_attempts,
     filter_binds,
     listed,
@@ -120,9 +122,7 @@ def _attempt(row: Listed, storage: str) -> RunningAttempt:
     return RunningAttempt(storage=storage, **row._asdict())
 
 
-def _read(
-    conn: Connection, filters: Filters, *, own: bool, job: bool = False
-) -> list[RunningAttempt]:
+def _read(conn: Connection, filters: Filters, *, own: bool) -> list[RunningAttempt]:
     # Core execution, not awa_sa.core.compiled: these reads want SQLAlchemy's result processing
     # (JSON args, intervals) alike on every driver.
     binds = filter_binds(filters)
@@ -130,15 +130,29 @@ def _read(
     found = [_attempt(row, CANONICAL) for row in listing.attempts]
     if listing.routing is None:
         return found
-    options = {"schema_translate_map": translate_map(listing.routing)}
-    if job:
-        # attempt_of: the job's open lease_claims receipt by its identity first (a plan of few
-        # partitions, flat with history); a compact or materialised receipt, or none, by the
-        # listing below, as before.
-        lookup = {name: binds[f"f_{name[2:]}"] for name in LOOKUP_BINDS}
-        rows = conn.execute(claim_of_job(), lookup, execution_options=options).all()
-        if rows:
-            found += [_claim(row, listing.routing) for row in rows]
+    return _receipts(conn, filters, listing.routing, found, own=own)
+
+
+def _receipts(
+    conn: Connection,
+    filters: Filters,
+    routing: str,
+    found: list[RunningAttempt],
+    *,
+    own: bool,
+    lookup: bool = False,
+) -> list[RunningAttempt]:
+    """*found* and the open receipts of the routing schema that match *filters*: with *lookup*
+    (``attempt_of``) the job's ``lease_claims`` receipt by its identity first."""
+    binds = filter_binds(filters)
+    options = {"schema_translate_map": translate_map(routing)}
+    if lookup:
+        # The job's open lease_claims receipt by its identity (a plan of few partitions, flat
+        # with history); a compact or materialised receipt, or none, by the listing below.
+        rows = conn.execute(claim_of_job(), _lookup_binds(filters), execution_options=options)
+        claims = rows.all()
+        if claims:
+            found += [_claim(row, routing) for row in claims]
             return _ordered(found, filters)
     if own and filters.job_id is None:
         # In our own transaction only: the estimate of listing every receipt is large enough
@@ -146,8 +160,32 @@ def _read(
         conn.exec_driver_sql("SET LOCAL jit = off")
     statement = queue_storage_attempts(by_job=filters.job_id is not None)
     receipts = listed(conn.execute(statement, binds, execution_options=options).all())
-    found += [_attempt(row, listing.routing) for row in receipts]
+    found += [_attempt(row, routing) for row in receipts]
     return _ordered(found, filters)
+
+
+def _lookup_binds(filters: Filters) -> dict[str, Any]:
+    binds = filter_binds(filters)
+    return {name: binds[f"f_{name[2:]}"] for name in LOOKUP_BINDS}
+
+
+def _look_up(conn: Connection, filters: Filters) -> list[RunningAttempt]:
+    """``attempt_of``'s reads: one statement (:func:`attempt_lookup`) when routing is canonical
+    or names :data:`DEFAULT_SCHEMA` and the job's receipt there is a ``lease_claims`` row; the
+    routing schema's reads after it otherwise."""
+    binds = {**_lookup_binds(filters), "b_schema": DEFAULT_SCHEMA}
+    options = {"schema_translate_map": translate_map(DEFAULT_SCHEMA)}
+    rows = conn.execute(attempt_lookup(), binds, execution_options=options).all()
+    routing: str | None = rows[0].routing
+    canonical = [_claim(row, CANONICAL) for row in rows if row.on_queue_storage is False]
+    if routing is None:
+        return _ordered(canonical, filters)
+    claims = [_claim(row, routing) for row in rows if row.on_queue_storage]
+    if claims:  # only ever read in DEFAULT_SCHEMA, and only while routing names it
+        return _ordered(canonical + claims, filters)
+    # Another schema: its lookup, then its listing; DEFAULT_SCHEMA, looked up already: its listing.
+    lookup = routing != DEFAULT_SCHEMA
+    return _receipts(conn, filters, routing, canonical, own=False, lookup=lookup)
 
 
 def _claim(row: Any, storage: str) -> RunningAttempt:
@@ -166,8 +204,8 @@ def _list(
     with translated():
         if isinstance(bind, Engine):
             with bind.connect() as conn:
-                return _read(conn, filters, own=True, job=job)
-        return _read(bind, filters, own=False, job=job)
+                return _look_up(conn, filters) if job else _read(conn, filters, own=True)
+        return _look_up(bind, filters) if job else _read(bind, filters, own=False)
 
 
 def running_attempts(
@@ -243,13 +281,16 @@ def attempt_of(bind: Engine | Connection, job: JobLike | Any) -> RunningAttempt:
 
     Raises :class:`AttemptNotFound` when nothing running matches (the claim was settled,
     rescued or re-claimed since), :class:`AmbiguousAttempt` when more than one does, and
-    :class:`ValidationError` for a job lacking those attributes. Round trips are
-    :func:`running_attempts`'s; on queue storage the second is a lookup of the job's open
-    ``lease_claims`` receipt by its whole identity, whose plan reads only the receipt's own
-    slots and stays flat as finished jobs accumulate (``claim_of_job``: closed as the runtime's
-    fast completion fences it, by ``closed_at``, a closure or a closure batch; the settle checks
-    every kind of evidence again under the receipt's lock). A compact or materialised receipt,
-    or none, is then read as :func:`running_attempts` reads it, in a third. From async code:
+    :class:`ValidationError` for a job lacking those attributes. One round trip while routing
+    is canonical or names :data:`~awa_sa.settle.statements.listings.DEFAULT_SCHEMA` and the job's
+    receipt is a ``lease_claims`` row (``attempt_lookup``: routing, the job's canonical row and
+    that receipt, in one snapshot); in another routing schema a second, the same receipt lookup
+    there (``claim_of_job``). The lookup finds the job's open receipt by its whole identity,
+    reading only the receipt's own slots, flat as finished jobs accumulate: closed as the
+    runtime's fast completion fences it, by ``closed_at``, a closure or a closure batch (the
+    settle checks every kind of evidence again under the receipt's lock). A compact or
+    materialised receipt, or none, is then read as :func:`running_attempts` reads it, in one
+    more. From async code:
     :func:`awa_sa.asyncio.attempt_of`.
     """
     filters = _identity(job)

@@ -749,6 +749,22 @@ class Fresh:
     ended: dict[str, list[dict[str, Any]]]
     stale_job: SimpleNamespace
     stale: Exception | None
+    statements: dict[str, int]
+    """How many statements ``attempt_of`` sent for each holder's job, while it was running."""
+
+
+def statements_of(engine: sa.Engine, job: Any) -> int:
+    sent: list[str] = []
+
+    def count(*args: Any) -> None:
+        sent.append(args[2])
+
+    sa.event.listen(engine, "before_cursor_execute", count)
+    try:
+        attempt_of(engine, job)
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", count)
+    return len(sent)
 
 
 def run_fresh(url: str, engine: sa.Engine) -> Fresh:
@@ -794,7 +810,12 @@ def run_fresh(url: str, engine: sa.Engine) -> Fresh:
                 await within(holder.resolved)
 
             def read() -> tuple[
-                list[RunningAttempt], dict[str, Any], list[Any], list[Any], list[Any]
+                list[RunningAttempt],
+                dict[str, Any],
+                list[Any],
+                list[Any],
+                list[Any],
+                dict[str, int],
             ]:
                 return (
                     running_attempts(engine),
@@ -802,9 +823,10 @@ def run_fresh(url: str, engine: sa.Engine) -> Fresh:
                     rows(engine, "SELECT * FROM awa.lease_claims ORDER BY job_id"),
                     rows(engine, "SELECT * FROM awa.lease_claim_batches"),
                     rows(engine, "SELECT * FROM awa.leases"),
+                    {name: statements_of(engine, h.job) for name, h in holders.items()},
                 )
 
-            listed, phase, receipts, batches, leases_ = await asyncio.to_thread(read)
+            listed, phase, receipts, batches, leases_, sent = await asyncio.to_thread(read)
             # Every handler has returned before the shutdown starts: a handler still held when
             # it does is the shutdown's to end, not the runtime's ending under test.
             release.set()
@@ -840,7 +862,7 @@ def run_fresh(url: str, engine: sa.Engine) -> Fresh:
         assert stale_job is not None
         stale = await asyncio.to_thread(stale_lookup, stale_job)
         return Fresh(
-            holders, listed, phase, receipts, batches, leases_, after, ended, stale_job, stale
+            holders, listed, phase, receipts, batches, leases_, after, ended, stale_job, stale, sent
         )
 
     return asyncio.run(run())
@@ -894,6 +916,10 @@ def test_a_fresh_cluster_auto_finalizes_and_attempt_of_finds_each_receipt(fresh:
     assert by_job[called.job_id]["materialized_at"] is not None  # the receipt stays open
     assert called.receipt_id == by_job[called.job_id]["receipt_id"]
     assert called.max_attempts == 3
+
+    # A lease_claims receipt in the default schema in one statement (routing, the canonical row
+    # and the receipt); a compact or materialised one read on by the listing.
+    assert fresh.statements == {"row": 1, "flaky": 1, "compact": 2, "cb": 2}, fresh.statements
 
     # The whole listing: each running attempt once, whichever table holds its receipt.
     assert sorted((a.kind, a.job_id) for a in fresh.listed) == sorted(

@@ -26,16 +26,25 @@ from sqlalchemy import (
     Text,
     bindparam,
     cast,
+    false,
     func,
+    literal_column,
     or_,
     select,
     true,
+    union_all,
 )
 from sqlalchemy.sql.elements import ColumnElement
 
-from awa_sa.settle.statements.job_receipts import receipts_of
+from awa_sa.core.registry import statement
+from awa_sa.settle.statements.job_receipts import LOOKUP_BINDS, claim_of_job, receipts_of
 from awa_sa.settle.statements.receipts import COLUMNS, no_value, open_receipts
 from awa_sa.tables.canonical import Timestamp, jobs_hot
+
+DEFAULT_SCHEMA = "awa"
+"""The queue-storage schema :func:`attempt_lookup` reads: the one ``awa migrate`` installs its
+substrate in beside the canonical tables (so its tables exist on every migrated cluster, in
+every phase), and the one an awa-pg runtime routes to unless told otherwise."""
 
 
 def _param(name: str, type_: Any) -> ColumnElement[Any]:
@@ -105,6 +114,69 @@ def canonical_attempts() -> Select[Any]:
         select(routing.c.routing, *(listed.c[name] for name in (*COLUMNS, "running_for")))
         .select_from(routing.outerjoin(listed, true()))
         .order_by(listed.c.attempted_at, listed.c.job_id)
+    )
+
+
+@statement
+def attempt_lookup() -> Select[Any]:
+    """``attempt_of`` in one statement: the routing schema, the job's running canonical row and,
+    while routing names the schema this statement is compiled for, the job's open
+    ``lease_claims`` receipt there (:func:`~awa_sa.settle.statements.job_receipts.claim_of_job`).
+
+    One row at least: the routing (NULL: canonical) left-joined with the matches, each with
+    ``on_queue_storage`` and the receipt's ``ready_slot``. Compile it for
+    :data:`DEFAULT_SCHEMA` and bind ``b_schema`` to that name: a statement names its tables
+    when it is parsed, so only a schema that exists on every migrated cluster may be named
+    before routing is known. The receipt leg runs only when the routing read in this very
+    statement (one snapshot) equals ``b_schema``: a pseudo-constant PostgreSQL checks once and
+    skips the leg otherwise. Routing to another schema, or no receipt found, and the caller
+    reads on in the routing schema. The canonical row is found by the job's whole identity,
+    every parameter required, so its generic plan is an index lookup of ``jobs_hot``.
+    """
+    t = jobs_hot.c
+    types: tuple[Any, ...] = (BigInteger, SmallInteger, Text, Text, Timestamp)
+    job, attempt, queue, kind, created_at = (
+        _param(name, type_) for name, type_ in zip(LOOKUP_BINDS, types, strict=True)
+    )
+    routing = select(func.awa.active_queue_storage_schema(type_=Text).label("routing")).subquery(
+        "routing"
+    )
+    canonical = select(
+        t.id.label("job_id"),
+        t.run_lease,
+        t.kind,
+        t.queue,
+        t.args,
+        t.created_at,
+        t.attempt,
+        t.max_attempts,
+        t.attempted_at,
+        t.heartbeat_at,
+        t.deadline_at,
+        no_value("claim_slot", Integer),
+        no_value("receipt_id", BigInteger),
+        no_value("claim_batch_id", BigInteger),
+        no_value("claim_batch_index", Integer),
+        (func.now() - t.attempted_at).label("running_for"),
+        no_value("ready_slot", Integer),
+        false().label("on_queue_storage"),
+    ).where(
+        t.id == job,
+        t.state == literal_column("'running'"),
+        t.attempt == attempt,
+        t.queue == queue,
+        t.kind == kind,
+        t.created_at == created_at,
+    )
+    claim = claim_of_job().subquery("receipt")
+    receipt = select(*claim.c, true().label("on_queue_storage")).where(
+        routing.c.routing == _param("b_schema", Text)
+    )
+    found = union_all(canonical, receipt).lateral("found")
+    return (
+        select(routing.c.routing, *found.c)
+        .select_from(routing.outerjoin(found, true()))
+        .order_by(found.c.attempted_at, found.c.job_id)
     )
 
 

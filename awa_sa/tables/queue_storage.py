@@ -171,8 +171,7 @@ class ensure_lane_sequences(SchemaTranslatedFunction):
 
 class reserve_enqueue_seq(SchemaTranslatedFunction):
     """``S.reserve_enqueue_seq(queue, priority, shard, count)``: the first of *count* lane
-    sequence numbers, reserved under a transaction-scoped lock on the lane (the lane's
-    sequences ensured first)."""
+    numbers, reserved under a transaction-scoped lock on the lane, its sequences ensured."""
 
     inherit_cache = True
     name = "reserve_enqueue_seq"
@@ -188,9 +187,8 @@ class sequence_next_value(SchemaTranslatedFunction):
     schema = QS_PLACEHOLDER
 
 
-# The receipt plane: what a queue-storage runtime claims, and what closes a claim. awa-sa reads
-# these to list running attempts (awa_sa.settle.running) and writes the closures when it settles one
-# (awa_sa.settle.statements.receipt_settles).
+# The receipt plane: what a queue-storage runtime claims, and what closes a claim (read to find
+# a running attempt, written when one is settled).
 
 ready_entries = Table(
     "ready_entries",

@@ -47,7 +47,8 @@ def _ends(schema: str) -> str:
            'canonical' AS plane
     FROM awa.jobs_hot WHERE state IN ('completed', 'failed', 'cancelled')
     UNION ALL
-    SELECT d.job_id, d.run_lease, d.state::text, t.token, d.queue, 'done'
+    SELECT d.job_id, d.run_lease, d.state::text, coalesce(d.args ->> 't', t.token), d.queue,
+           'done'
     FROM {schema}.done_entries AS d LEFT JOIN tokens AS t USING (job_id)
     UNION ALL
     SELECT i.job_id, i.run_lease, 'completed', t.token, b.queue, 'compact'
@@ -156,27 +157,36 @@ def check(engine: sa.Engine, schema: str, tally: Any, runs: list[dict[str, Any]]
         f"{len(rolled)} tokens, {len(tally.rolled_ids)} ids rolled back",
     )
 
-    # 2. business rows <-> job ends
+    # 2. business rows <-> job ends; a committed retry supersedes the rows of the ends before it
     final = {e["job_id"]: e for e in ends}
-    retried = {a["job_id"] for a in admin if a["verb"] != "cancel" and a["answer"] == "JobRow"}
-    business: dict[tuple[int, int, str], int] = Counter()
-    for e in effects:
-        if e["state"] in TERMINAL:
-            business[(e["job_id"], e["run_lease"], e["state"])] += 1
+    retried_at: dict[int, Any] = {}
     for a in admin:
-        if a["verb"] == "cancel" and a["answer"] == "JobRow":
-            business[(a["job_id"], a["run_lease"], "cancelled")] += 1
-    problems = [f"end {k} has {n} business rows" for k, n in business.items() if n > 1]
+        if a["verb"] != "cancel" and a["answer"] == "JobRow":
+            retried_at[a["job_id"]] = max(a["at"], retried_at.get(a["job_id"], a["at"]))
+    current: list[tuple[int, int, str]] = []
+    for r in [*effects, *({**a, "state": "cancelled"} for a in admin if a["verb"] == "cancel")]:
+        superseded = r["job_id"] in retried_at and r["at"] < retried_at[r["job_id"]]
+        if r["state"] in TERMINAL and r.get("answer", "JobRow") == "JobRow" and not superseded:
+            current.append((r["job_id"], r["run_lease"], r["state"]))
+    business = Counter(current)
+    history: dict[int, list[str]] = defaultdict(list)
+    for a in admin:
+        history[a["job_id"]].append(f"{a['verb']}:{a['answer']}:{a['run_lease']}")
+    problems = [
+        f"end {k} has {n} business rows {history[k[0]]}" for k, n in business.items() if n > 1
+    ]
     for e in ends:
         if business.get((e["job_id"], e["run_lease"], e["state"]), 0) != 1:
             problems.append(f"end {e['job_id']}/{e['run_lease']} {e['state']} ({e['plane']})")
     for job_id, lease, state in business:
         end = final.get(job_id)
-        if (end is None or (end["run_lease"], end["state"]) != (lease, state)) and (
-            job_id not in retried
-        ):
+        if end is None or (end["run_lease"], end["state"]) != (lease, state):
             problems.append(f"business row {job_id}/{lease} {state}: the job ended {end}")
-    f.hold("every business row matches exactly one job end, and back", problems)
+    f.hold(
+        "every business row matches exactly one job end, and back",
+        problems,
+        f"{len(retried_at)} jobs retried: the rows of their earlier ends superseded",
+    )
 
     # 3. no job ran after its terminal end; 4. a committed cancel's job never ran again
     ran: dict[int, int] = defaultdict(int)
@@ -193,15 +203,19 @@ def check(engine: sa.Engine, schema: str, tally: Any, runs: list[dict[str, Any]]
         ],
     )
     cancels = [a for a in admin if a["verb"] == "cancel" and a["answer"] == "JobRow"]
+
+    def retried_after(a: dict[str, Any]) -> bool:
+        return bool(a["job_id"] in retried_at and retried_at[a["job_id"]] > a["at"])
+
     f.hold(
         "every committed cancel's job never ran again",
         [
             f"cancelled {a['job_id']}/{a['run_lease']} ran again"
             for a in cancels
-            if a["job_id"] not in retried
+            if not retried_after(a)
             and max(ran.get(a["job_id"], 0), receipts.get(a["job_id"], 0)) > a["run_lease"]
         ],
-        f"{len(cancels)} cancels, {sum(a['job_id'] in retried for a in cancels)} retried after",
+        f"{len(cancels)} cancels, {sum(map(retried_after, cancels))} retried after",
     )
 
     # 5. queue counts equal the rows

@@ -97,9 +97,10 @@ CREATE TABLE svc_admin (id bigserial PRIMARY KEY, verb text NOT NULL, job_id big
 REQUESTS = sa.table("svc_requests", sa.column("token"), sa.column("job_id"), sa.column("how"))
 
 HOOK_CALLBACKS = None
-"""CALLBACKS GO HERE: once ``complete_external``/``fail_external``/``retry_external`` are on
-main, a share of plans registers a callback in the settle's transaction and the soak's
-receiver (service_soak.Soak.receiver) resolves it, racing the callback timeout."""
+"""CALLBACKS GO HERE (not on main yet): once ``complete_external``, ``fail_external`` and
+``retry_external`` are, a plan here registers a callback in its settle's transaction, and a
+receiver thread beside ``Soak.admin`` (service_soak.py) resolves the waits with awa-sa, racing
+the runtime's callback timeouts; service_checks.py then matches its rows to each job's end."""
 
 
 def state_of(result: Result, ending: Ending) -> str:

@@ -255,10 +255,11 @@ def check(engine: sa.Engine, schema: str, tally: Any, runs: list[dict[str, Any]]
         if r.get("answer") not in expected
     ]
     f.hold(
-        "no deadlock, no error but Stale/DuplicateJob/None/QueueStorageJobs",
+        "no deadlock, no answer but the expected ones",
         [*tally.unexpected, *odd]
         + ([f"{dead['deadlocks']} deadlocks"] if dead["deadlocks"] else []),
-        f"phase {phase['state']}",
+        f"phase {phase['state']}; expected: Stale, AttemptNotFound, DuplicateJob, None, "
+        "QueueStorageJobs, UniqueConflict (a retry onto a held key)",
     )
     if phase["state"] != "active":
         f.invariants.append(("the cluster ended finalized", False, str(phase)))

@@ -195,7 +195,7 @@ class Soak:
     def produce(self, seed: int, once: bool = False) -> None:
         rng = random.Random(seed)
         while self.committed < self.cfg.jobs and not self.stop.is_set():
-            if self.committed - self.ended > max(200, self.cfg.jobs // 10) and not once:
+            if self.committed - self.ended > max(40, self.cfg.jobs // 10) and not once:
                 time.sleep(0.05)  # a service's pace: the runtimes keep up, the run spans the move
                 continue
             # Batches of 1 to max_batch, but none above a twentieth of the run, so that the

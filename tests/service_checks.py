@@ -1,0 +1,312 @@
+"""The invariants of the service soak (service_soak.py), read from the rows once all is quiet.
+
+Jobs are followed by the token in their args (``t``), not their id: a canonical re-schedule in
+the mixed window moves a job to queue storage under a new id, and a unique job enqueued again
+after its first one failed shares its args. A token's committed enqueues (``svc_requests``)
+must equal its terminal ends; an end is a row of ``awa.jobs_hot`` in a terminal state, of the
+queue-storage schema's ``terminal_jobs``, or an item of a compact completion batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import awa
+import sqlalchemy as sa
+from runtimes import pg_url, rows
+
+from awa_sa import running_attempts
+
+TERMINAL = ("completed", "failed", "cancelled")
+
+
+def live_count(engine: sa.Engine, schema: str) -> int:
+    """Jobs not yet terminal on either plane: waiting, due, claimable or running."""
+    [row] = rows(
+        engine,
+        f"""SELECT (SELECT count(*) FROM awa.jobs_hot
+                    WHERE state NOT IN ('completed', 'failed', 'cancelled'))
+             + (SELECT count(*) FROM awa.scheduled_jobs)
+             + (SELECT count(*) FROM {schema}.deferred_jobs)
+             + (SELECT count(*) FROM {schema}.leases)
+             + (SELECT count(*) FROM {schema}.ready_entries AS r
+                JOIN {schema}.queue_claim_heads AS h USING (queue, priority, enqueue_shard)
+                WHERE r.lane_seq >= {schema}.sequence_next_value(h.seq_name)) AS n""",
+    )
+    return int(row["n"]) + len(running_attempts(engine))
+
+
+def _ends(schema: str) -> str:
+    return f"""
+    WITH tokens AS (SELECT DISTINCT ON (job_id) job_id, args ->> 't' AS token
+                    FROM {schema}.ready_entries ORDER BY job_id)
+    SELECT id AS job_id, run_lease, state::text AS state, args ->> 't' AS token, queue,
+           'canonical' AS plane
+    FROM awa.jobs_hot WHERE state IN ('completed', 'failed', 'cancelled')
+    UNION ALL
+    SELECT d.job_id, d.run_lease, d.state::text, coalesce(d.args ->> 't', t.token), d.queue,
+           'done'
+    FROM {schema}.done_entries AS d LEFT JOIN tokens AS t USING (job_id)
+    UNION ALL
+    SELECT i.job_id, i.run_lease, 'completed', t.token, b.queue, 'compact'
+    FROM {schema}.receipt_completion_batches AS b,
+         unnest(b.job_ids, b.run_leases) AS i(job_id, run_lease)
+         LEFT JOIN tokens AS t USING (job_id)
+    WHERE NOT EXISTS (SELECT 1 FROM {schema}.receipt_completion_tombstones AS x
+                      WHERE x.job_id = i.job_id AND x.run_lease = i.run_lease)
+    """
+
+
+def _receipts(schema: str) -> str:
+    return f"""
+    SELECT job_id, max(run_lease) AS lease FROM (
+        SELECT job_id, run_lease FROM {schema}.lease_claims
+        UNION ALL
+        SELECT i.job_id, i.run_lease FROM {schema}.lease_claim_batches AS b,
+            unnest(b.job_ids, b.run_leases) AS i(job_id, run_lease)) AS r
+    GROUP BY job_id
+    """
+
+
+def _counted(schema: str) -> str:
+    return f"""
+    SELECT q.queue,
+           COALESCE((SELECT sum(live_terminal_count) FROM {schema}.queue_terminal_live_counts
+                     AS c WHERE c.queue = q.queue), 0)
+         + COALESCE((SELECT sum(terminal_delta) FROM {schema}.queue_terminal_count_deltas
+                     AS d WHERE d.queue = q.queue), 0)
+         + COALESCE((SELECT sum(completed_count) FROM {schema}.receipt_completion_batches
+                     AS b WHERE b.queue = q.queue), 0)
+         - (SELECT count(*) FROM {schema}.receipt_completion_tombstones AS t
+            WHERE t.queue = q.queue) AS counted,
+           (SELECT count(*) FROM {schema}.terminal_jobs AS j WHERE j.queue = q.queue) AS rows
+    FROM (VALUES ('svc'), ('slow')) AS q(queue)
+    """
+
+
+@dataclass
+class Figures:
+    invariants: list[tuple[str, bool, str]] = field(default_factory=list)
+    counts: dict[str, Any] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return all(held for _, held, _ in self.invariants)
+
+    def hold(self, name: str, problems: list[str], detail: str = "") -> None:
+        shown = "; ".join(problems[:5]) + (f" (+{len(problems) - 5})" if len(problems) > 5 else "")
+        self.invariants.append((name, not problems, shown or detail))
+
+
+def _stats(engine: sa.Engine) -> dict[str, dict[str, int]]:
+    async def read() -> dict[str, dict[str, int]]:
+        client = awa.AsyncClient(pg_url(engine.url.render_as_string(False)))
+        try:
+            keys = ("available", "running", "retryable", "scheduled", "waiting_external")
+            got = {}
+            for s in await client.queue_stats():
+                got[s.queue] = {k: int(getattr(s, k)) for k in keys}
+                got[s.queue]["completed_last_hour"] = int(s.completed_last_hour)
+                got[s.queue]["failed"] = int(s.failed)
+            return got
+        finally:
+            await client.close()
+
+    return asyncio.run(read())
+
+
+def check(engine: sa.Engine, schema: str, tally: Any, runs: list[dict[str, Any]]) -> Figures:
+    f = Figures()
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql("ANALYZE")
+    requests = rows(engine, "SELECT token, job_id, how FROM svc_requests")
+    effects = rows(engine, "SELECT * FROM svc_effects ORDER BY id")
+    admin = rows(engine, "SELECT * FROM svc_admin ORDER BY id")
+    ends = rows(engine, _ends(schema))
+    receipts = {r["job_id"]: r["lease"] for r in rows(engine, _receipts(schema))}
+    phase = rows(engine, "SELECT state, details FROM awa.storage_transition_state")[0]
+
+    # 1. every committed enqueue has exactly one terminal end; none rolled back exists
+    committed = Counter(r["token"] for r in requests)
+    ended = Counter(e["token"] for e in ends)
+    f.hold(
+        "every committed enqueue has exactly one terminal end",
+        [
+            f"token {t}: {committed[t]} enqueued, {ended[t]} ends"
+            for t in committed | ended
+            if committed[t] != ended[t]
+        ],
+    )
+    rolled = tally.rolled_tokens - set(committed)
+    ids = ",".join(str(i) for i in tally.rolled_ids) or "0"
+    ghosts = rows(
+        engine,
+        f"SELECT id FROM awa.jobs_hot WHERE id IN ({ids}) UNION ALL "
+        f"SELECT id FROM awa.scheduled_jobs WHERE id IN ({ids}) UNION ALL "
+        f"SELECT job_id FROM {schema}.ready_entries WHERE job_id IN ({ids}) UNION ALL "
+        f"SELECT job_id FROM {schema}.deferred_jobs WHERE job_id IN ({ids})",
+    )
+    f.hold(
+        "no rolled-back enqueue exists",
+        [f"token {e['token']} ended" for e in ends if e["token"] in rolled]
+        + [f"rolled-back id {g['id']} has a row" for g in ghosts],
+        f"{len(rolled)} tokens, {len(tally.rolled_ids)} ids rolled back",
+    )
+
+    # 2. business rows <-> job ends; a committed retry supersedes the rows of the ends before it
+    final = {e["job_id"]: e for e in ends}
+    retried_at: dict[int, Any] = {}
+    for a in admin:
+        if a["verb"] != "cancel" and a["answer"] == "JobRow":
+            retried_at[a["job_id"]] = max(a["at"], retried_at.get(a["job_id"], a["at"]))
+    current: list[tuple[int, int, str]] = []
+    for r in [*effects, *({**a, "state": "cancelled"} for a in admin if a["verb"] == "cancel")]:
+        superseded = r["job_id"] in retried_at and r["at"] < retried_at[r["job_id"]]
+        if r["state"] in TERMINAL and r.get("answer", "JobRow") == "JobRow" and not superseded:
+            current.append((r["job_id"], r["run_lease"], r["state"]))
+    business = Counter(current)
+    history: dict[int, list[str]] = defaultdict(list)
+    for a in admin:
+        history[a["job_id"]].append(f"{a['verb']}:{a['answer']}:{a['run_lease']}")
+    problems = [
+        f"end {k} has {n} business rows {history[k[0]]}" for k, n in business.items() if n > 1
+    ]
+    for e in ends:
+        if business.get((e["job_id"], e["run_lease"], e["state"]), 0) != 1:
+            problems.append(f"end {e['job_id']}/{e['run_lease']} {e['state']} ({e['plane']})")
+    for job_id, lease, state in business:
+        end = final.get(job_id)
+        if end is None or (end["run_lease"], end["state"]) != (lease, state):
+            problems.append(f"business row {job_id}/{lease} {state}: the job ended {end}")
+    f.hold(
+        "every business row matches exactly one job end, and back",
+        problems,
+        f"{len(retried_at)} jobs retried: the rows of their earlier ends superseded",
+    )
+
+    # 3. no job ran after its terminal end; 4. a committed cancel's job never ran again
+    ran: dict[int, int] = defaultdict(int)
+    for r in runs:
+        if r.get("lease") is not None:
+            ran[r["job"]] = max(ran[r["job"]], r["lease"])
+    f.hold(
+        "no job ran after its terminal end",
+        [
+            f"job {j} ran lease {max(ran.get(j, 0), receipts.get(j, 0))} after its end at "
+            f"{e['run_lease']}"
+            for j, e in final.items()
+            if max(ran.get(j, 0), receipts.get(j, 0)) > e["run_lease"]
+        ],
+    )
+    cancels = [a for a in admin if a["verb"] == "cancel" and a["answer"] == "JobRow"]
+
+    def retried_after(a: dict[str, Any]) -> bool:
+        return bool(a["job_id"] in retried_at and retried_at[a["job_id"]] > a["at"])
+
+    f.hold(
+        "every committed cancel's job never ran again",
+        [
+            f"cancelled {a['job_id']}/{a['run_lease']} ran again"
+            for a in cancels
+            if not retried_after(a)
+            and max(ran.get(a["job_id"], 0), receipts.get(a["job_id"], 0)) > a["run_lease"]
+        ],
+        f"{len(cancels)} cancels, {sum(map(retried_after, cancels))} retried after",
+    )
+
+    # 5. queue counts equal the rows
+    stats = _stats(engine)
+    counted = rows(engine, _counted(schema))
+    problems = [
+        f"{c['queue']}: counted {c['counted']}, rows {c['rows']}"
+        for c in counted
+        if c["counted"] != c["rows"]
+    ]
+    qs_ends = Counter((e["queue"], e["state"]) for e in ends if e["plane"] != "canonical")
+    for queue, s in stats.items():
+        live = {k: v for k, v in s.items() if k not in ("completed_last_hour", "failed") and v}
+        problems += [f"{queue} stats live: {live}"] if live else []
+        for key, state in (("completed_last_hour", "completed"), ("failed", "failed")):
+            if s[key] != qs_ends[(queue, state)]:
+                problems.append(f"{queue} {key} {s[key]}, rows {qs_ends[(queue, state)]}")
+    f.hold("queue counts and stats equal the rows", problems)
+
+    # 6. no deadlock, no error but the expected answers
+    [dead] = rows(
+        engine, "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+    )
+    expected = {
+        "Completed",
+        "Cancelled",
+        "Failed",
+        "Rescheduled",
+        "Migrated",
+        "CancelledDuplicate",
+        "Stale",
+        "AttemptNotFound",
+    }
+    odd = [
+        f"run {r['job']}/{r.get('lease')}: {r.get('answer')} {r.get('message', '')}"
+        for r in runs
+        if r.get("answer") not in expected
+    ]
+    f.hold(
+        "no deadlock, no answer but the expected ones",
+        [*tally.unexpected, *odd]
+        + ([f"{dead['deadlocks']} deadlocks"] if dead["deadlocks"] else []),
+        f"phase {phase['state']}; expected: Stale, AttemptNotFound, DuplicateJob, None, "
+        "QueueStorageJobs, UniqueConflict (a retry onto a held key)",
+    )
+    if phase["state"] != "active":
+        f.invariants.append(("the cluster ended finalized", False, str(phase)))
+
+    # figures
+    slow = [r for r in runs if r["plan"] == "slow" and r["attempt"] == 1 and "slept" in r]
+    late = [r for r in slow if r["slept"] * 1000 > 500]
+    cancelled_leases = {(a["job_id"], a["run_lease"]) for a in cancels}
+    lost = [r for r in runs if r.get("answer") in ("Stale", "AttemptNotFound")]
+    f.counts = {
+        "ends": dict(Counter(f"{e['plane']} {e['state']}" for e in ends)),
+        "answers": dict(sorted(tally.answers.items())),
+        "handler runs": dict(Counter(r.get("answer") for r in runs)),
+        "settles": sum(1 for r in runs if r.get("answer") not in ("AttemptNotFound", None)),
+        "committed enqueues": sum(committed.values()),
+        "races": {
+            "slow runs past the deadline": len(late),
+            "settle won past the deadline": sum(
+                r.get("answer") not in ("Stale", "AttemptNotFound") for r in late
+            ),
+            "rescue or cancel won (Stale)": sum(r["answer"] == "Stale" for r in lost),
+            "rescue or cancel won before the lookup": sum(
+                r["answer"] == "AttemptNotFound" for r in lost
+            ),
+            "cancel won over a running handler": sum(
+                (r["job"], r.get("lease")) in cancelled_leases for r in lost
+            ),
+        },
+        "transitions": tally.transitions,
+        "stats": stats,
+    }
+    return f
+
+
+def format_table(f: Figures, label: str) -> str:
+    width = max(len(name) for name, _, _ in f.invariants)
+    lines = [f"service soak ({label}): invariants", "-" * (width + 40)]
+    for name, held, detail in f.invariants:
+        lines.append(f"{name:<{width}}  {'holds' if held else 'FAILS'}  {detail}")
+    lines.append("-" * (width + 40))
+    n = f.counts.get("committed enqueues", 0)
+    settled = f.seconds.get("settled", 0.0)
+    lines.append(
+        f"{n} jobs, {f.counts.get('settles')} awa-sa settles; produced in "
+        f"{f.seconds.get('produced', 0):.1f} s, all settled in {settled:.1f} s "
+        f"({n / settled if settled else 0:.0f} jobs/s)"
+    )
+    for key in ("ends", "handler runs", "races", "answers", "transitions", "stats"):
+        lines.append(f"{key}: {f.counts.get(key)}")
+    return "\n".join(lines)

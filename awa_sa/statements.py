@@ -34,7 +34,9 @@ from awa_sa.administer.statements.failed_discard import discard_failed_qs
 from awa_sa.administer.statements.failed_retry import retry_done, retry_targets
 from awa_sa.administer.statements.queue_control import pause_queue_meta, resume_queue_meta
 from awa_sa.core.registry import all_builders
-from awa_sa.enqueue.bulk import bulk_lanes, bulk_routing, bulk_write
+from awa_sa.enqueue.bulk import bulk_routing, bulk_write
+from awa_sa.enqueue.bulk_lanes import bulk_lanes
+from awa_sa.enqueue.bulk_plain import bulk_plain
 from awa_sa.enqueue.statements import insert_jobs, unique_holder
 from awa_sa.settle.statements.canonical import (
     ROUTING_BODY_MD5,
@@ -61,6 +63,7 @@ __all__ = [
     "ROUTING_BODY_MD5",
     "all_builders",
     "bulk_lanes",
+    "bulk_plain",
     "bulk_routing",
     "bulk_write",
     "cancel_deferred",

@@ -35,6 +35,7 @@ from awa_sa.core.errors import (
     ValidationError,
 )
 from awa_sa.core.unique_keys import Unique
+from awa_sa.enqueue.answers import enqueued
 from awa_sa.enqueue.bulk_flow import set_based
 from awa_sa.enqueue.new_jobs import (
     Duplicate,
@@ -43,7 +44,6 @@ from awa_sa.enqueue.new_jobs import (
     Options,
     Prepared,
     batch_of,
-    enqueued,
     prepare,
     shared_batch,
 )

@@ -126,58 +126,6 @@ def _jobs(shape: Shape) -> Any:
     )
 
 
-def _ready_lanes(jobs: Any) -> Any:
-    """The ready jobs' lanes, in the order awa-pg takes them: queue bytes, then priority."""
-    return (
-        select(jobs.c.queue, jobs.c.priority)
-        .where(jobs.c.ready)
-        .group_by(jobs.c.queue, jobs.c.priority)
-        .order_by(jobs.c.queue.collate("C"), jobs.c.priority)
-    )
-
-
-@statement
-def bulk_lanes(*, shape: Shape) -> Select[Any]:
-    """Each lane of the batch's ready jobs ensured as awa-pg ensures it, in lane order: its
-    advisory lock (``S:queue:priority:0``, ``b_schema`` being ``S``), then its ``queue_lanes``
-    row and both head rows where missing. Answers the number of lanes."""
-    lanes = _ready_lanes(_jobs(shape)).cte("lanes").prefix_with("MATERIALIZED")
-    key = func.concat_ws(
-        literal_column("':'"),
-        bindparam("b_schema", type_=Text),
-        lanes.c.queue,
-        lanes.c.priority,
-        ZERO,
-    )
-    locked = (
-        select(func.pg_advisory_xact_lock(func.hashtextextended(key, ZERO)).label("held"))
-        .select_from(lanes)
-        .cte("locked")
-        .prefix_with("MATERIALIZED")
-    )
-    after_locks = select(func.count()).select_from(locked).scalar_subquery() >= ZERO
-    writes = []
-    for table, name in (
-        (qs.queue_lanes, "lane_rows"),
-        (qs.queue_enqueue_heads, "enqueue_heads"),
-        (qs.queue_claim_heads, "claim_heads"),
-    ):
-        columns = [lanes.c.queue, lanes.c.priority]
-        if "enqueue_shard" in table.c:
-            columns.append(SHARD0.label("enqueue_shard"))
-        source = select(*columns).where(after_locks)
-        writes.append(
-            pg_insert(table)
-            .from_select([c.name for c in columns], source)
-            .on_conflict_do_nothing()
-            .cte(name)
-        )
-    query = select(func.count()).select_from(lanes)
-    for write in writes:
-        query = query.add_cte(write)
-    return query
-
-
 def _payload(jobs: Any) -> ColumnElement[Any]:
     """The runtime's storage payload: metadata and tags where not empty; NULL for neither."""
     metadata = case(
@@ -382,13 +330,6 @@ BULK_ROUTING: Query[Sequence[str], Routing] = Query(
     read=lambda rows: Routing(*rows[0]) if rows else Routing("canonical", None, None, False),
 )
 """The batch's queues in; the routing the set-based path needs out (canonical without a row)."""
-
-BULK_LANES: Query[tuple[Batch, str], int] = Query(
-    shape=lambda given: bulk_lanes(shape=given[0].shape),
-    binds=lambda given: {**insert_binds(given[0]), "b_schema": given[1]},
-    read=lambda rows: int(rows[0][0]),
-)
-"""The batch and its routing schema in; how many lanes were ensured out."""
 
 BULK_WRITE: Query[tuple[Batch, bool], Rows] = Query(
     shape=lambda given: bulk_write(shape=given[0].shape, all_or_nothing=given[1]),

@@ -16,8 +16,11 @@ from sqlalchemy import Connection
 from awa_sa.core.compiled import run
 from awa_sa.core.errors import DuplicateJob
 from awa_sa.core.registry import Rows
-from awa_sa.enqueue.bulk import BULK_LANES, BULK_ROUTING, BULK_WRITE
-from awa_sa.enqueue.new_jobs import Duplicate, EnqueuedJob, enqueued
+from awa_sa.enqueue.answers import enqueued, plain_answers
+from awa_sa.enqueue.bulk import BULK_ROUTING, BULK_WRITE
+from awa_sa.enqueue.bulk_lanes import BULK_LANES, plan
+from awa_sa.enqueue.bulk_plain import BULK_PLAIN, is_plain
+from awa_sa.enqueue.new_jobs import Duplicate, EnqueuedJob
 from awa_sa.enqueue.statements import UNIQUE_HOLDER, Batch
 
 
@@ -34,6 +37,12 @@ def set_based(
     schema = routing.set_based
     if schema is None:
         return None
+    if is_plain(batch):
+        planned = plan(batch)
+        if planned.kinds != "scheduled":
+            run(conn, BULK_LANES, (planned.lanes, schema), schema)
+        written = run(conn, BULK_PLAIN, (batch, planned), schema)
+        return [*plain_answers(batch, planned, written)]
     unique = any(job.unique_key is not None for job in jobs)
     if not (unique and on_duplicate == "raise" and guard):
         rows = _write(conn, batch, schema, on_duplicate)
@@ -50,8 +59,9 @@ def set_based(
 
 
 def _write(conn: Connection, batch: Batch, schema: str, on_duplicate: str) -> Rows:
-    if any(job.run_at is None for job in batch.jobs):
-        run(conn, BULK_LANES, (batch, schema), schema)
+    planned = plan(batch)
+    if planned.kinds != "scheduled":
+        run(conn, BULK_LANES, (planned.lanes, schema), schema)
     return run(conn, BULK_WRITE, (batch, on_duplicate == "raise"), schema)
 
 

@@ -35,6 +35,7 @@ from awa_sa.administer.statements.failed_retry import retry_done, retry_targets
 from awa_sa.administer.statements.queue_control import pause_queue_meta, resume_queue_meta
 from awa_sa.core.registry import all_builders
 from awa_sa.enqueue.bulk import bulk_routing, bulk_write
+from awa_sa.enqueue.bulk_canonical import bulk_canonical
 from awa_sa.enqueue.bulk_lanes import bulk_lanes
 from awa_sa.enqueue.bulk_plain import bulk_plain
 from awa_sa.enqueue.statements import insert_jobs, unique_holder
@@ -62,6 +63,7 @@ __all__ = [
     "LIFECYCLE_DUPLICATE",
     "ROUTING_BODY_MD5",
     "all_builders",
+    "bulk_canonical",
     "bulk_lanes",
     "bulk_plain",
     "bulk_routing",

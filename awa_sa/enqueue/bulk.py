@@ -5,9 +5,11 @@ Once routing points at a queue-storage schema ``S``, awa-pg's bulk producer does
 ensures each lane once, reserves each lane's positions in one ``S.reserve_enqueue_seq`` call,
 and writes the ready rows, **one** ``ready_segments`` row per lane, the deferred rows and one
 NOTIFY per queue, stamped with one clock reading (docs/contract.md#bulk-enqueue says each
-step). Three statements whatever the batch's size: :func:`bulk_routing`, :func:`bulk_lanes`
-(before the write, since the reservation cannot see rows a CTE of its own statement inserts)
-and :func:`bulk_write`. The batch is bound as ``insert_jobs`` binds it.
+step). Three statements whatever the batch's size: :func:`bulk_routing`,
+:func:`~awa_sa.enqueue.bulk_lanes.bulk_lanes` (before the write, since the reservation cannot
+see rows a CTE of its own statement inserts) and :func:`bulk_write`, which a batch with no
+unique job leaves to :func:`~awa_sa.enqueue.bulk_plain.bulk_plain`. The batch is bound as
+``insert_jobs`` binds it.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from awa_sa.tables.canonical import Timestamp, job_unique_claims, storage_transi
 from awa_sa.tables.runtime import queue_meta, ready_segments
 
 ROUTED_STATES = ("mixed_transition", "active")  # routing points at queue storage
+CANONICAL_STATES = ("canonical", "prepared")  # routing is canonical
 
 
 class Routing(NamedTuple):
@@ -67,6 +70,13 @@ class Routing(NamedTuple):
         """
         agreed = self.locked_state == self.seen_state and self.locked_state in ROUTED_STATES
         return self.schema if agreed and not self.sharded else None
+
+    @property
+    def canonical(self) -> bool:
+        """Whether both views see routing canonical (``canonical`` or ``prepared``): the
+        producer function would write every job to ``awa.jobs_hot`` or ``awa.scheduled_jobs``."""
+        agreed = self.locked_state == self.seen_state
+        return agreed and self.schema is None and self.locked_state in CANONICAL_STATES
 
 
 @statement
@@ -174,10 +184,11 @@ def _numbered(jobs: Any) -> Any:
 
 @statement
 def bulk_write(*, shape: Shape, all_or_nothing: bool) -> Select[Any]:
-    """The batch written after :func:`bulk_lanes`: ids, unique claims (a key already held, or
-    held by an earlier job of the batch, is not claimed and its job not written), each lane's
-    reservation, ready rows, one segment per lane, deferred rows, NOTIFYs; per job in input
-    order ``(id, run_at, created_at, args, metadata, written, duplicate)``.
+    """The batch written after :func:`~awa_sa.enqueue.bulk_lanes.bulk_lanes`: ids, unique
+    claims (a key already held, or held by an earlier job of the batch, is not claimed and its
+    job not written), each lane's reservation, ready rows, one segment per lane, deferred
+    rows, NOTIFYs; per job in input order ``(id, run_at, created_at, args, metadata, written,
+    duplicate)``.
 
     *all_or_nothing* (``"raise"``): a duplicate anywhere writes no job and reserves no lane
     position (awa-pg's refusal moves no lane sequence); the rest is the caller's rollback."""

@@ -6,11 +6,11 @@ admits (stored as written, read back as sent). For those the write of
 keep apart, and nothing the client does not already know to send back but each job's id,
 the one clock reading and a scheduled job's ``run_at``. :func:`bulk_plain` writes the same
 rows (ids drawn in awa-pg's order, one reservation and one segment per lane, NOTIFYs) with the
-lanes the client counted (:func:`awa_sa.enqueue.bulk.bound_lanes`) and answers one row: the
-ids as text, in the order they were drawn, which the client maps back to its positions
-(:func:`plan`). A batch of ready jobs alone, the common one, reads its JSON once, straight
-into ``ready_entries``; only a batch of ready and scheduled jobs keeps its numbered jobs for
-both inserts.
+lanes the client counted (:func:`awa_sa.enqueue.bulk_lanes.bound_lanes`) and answers one row:
+the ids as text, which sorted are the order they were drawn in, which the client maps back to
+its positions (:func:`awa_sa.enqueue.bulk_lanes.plan`). A batch of ready jobs alone, the
+common one, reads its JSON once, straight into ``ready_entries``; only a batch of ready and
+scheduled jobs keeps its numbered jobs for both inserts.
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ def is_plain(batch: Batch) -> bool:
 
 
 def _numbered(shape: Shape) -> Any:
-    """Each job with its id and its draw index (from 1), drawn in :func:`plan`'s order."""
+    """Each job with its id and its draw index (from 1), drawn in the order
+    :func:`~awa_sa.enqueue.bulk_lanes.plan` expects."""
     jobs = _jobs(shape)
     ordered = select(jobs)
     if shape == "objects":
@@ -97,10 +98,10 @@ def _numbered(shape: Shape) -> Any:
 
 @statement
 def bulk_plain(*, shape: Shape, kinds: Kinds) -> Select[Any]:
-    """A plain batch written after :func:`~awa_sa.enqueue.bulk.bulk_lanes`: ids, each lane's
+    """A plain batch written after :func:`~awa_sa.enqueue.bulk_lanes.bulk_lanes`: ids, each lane's
     reservation, ready rows, one segment per lane, deferred rows, NOTIFYs. One row: the clock
-    reading, the ready and the scheduled jobs' ids as comma-separated text in draw order, and
-    the scheduled jobs' ``run_at`` in that order."""
+    reading, the ready and the scheduled jobs' ids as comma-separated text (the scheduled in
+    draw order), and the scheduled jobs' ``run_at`` in that order."""
     numbered: Any = _numbered(shape)
     numbered = (
         numbered.cte("numbered").prefix_with("MATERIALIZED")

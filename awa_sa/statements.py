@@ -54,7 +54,10 @@ from awa_sa.callbacks.statements.leases import (
     retry_callback_lease,
 )
 from awa_sa.core.registry import all_builders
-from awa_sa.enqueue.bulk import bulk_lanes, bulk_routing, bulk_write
+from awa_sa.enqueue.bulk import bulk_routing, bulk_write
+from awa_sa.enqueue.bulk_canonical import bulk_canonical
+from awa_sa.enqueue.bulk_lanes import bulk_lanes
+from awa_sa.enqueue.bulk_plain import bulk_plain
 from awa_sa.enqueue.statements import insert_jobs, unique_holder
 from awa_sa.read.statements.listings import list_jobs_rows
 from awa_sa.read.statements.lookups import read_job, read_routing
@@ -86,7 +89,9 @@ __all__ = [
     "all_builders",
     "attempt_lookup",
     "available_lane",
+    "bulk_canonical",
     "bulk_lanes",
+    "bulk_plain",
     "bulk_routing",
     "bulk_write",
     "callback_lease",

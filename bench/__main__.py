@@ -20,8 +20,9 @@ optional parts run: those build their own). Parts, in order:
 8. only when asked (``--only pooled``): 16 callers through PgBouncer beside 16 direct
    (:mod:`bench.pooled`);
 9. only when asked (``--only enqueue``): one new job against Awa's producer function sent raw,
-   and 10,000 in one transaction against awa-pg's COPY and single calls (:mod:`bench.enqueue`,
-   :mod:`bench.enqueue_bulk`);
+   10,000 in one transaction against awa-pg's COPY and single calls (:mod:`bench.enqueue`,
+   :mod:`bench.enqueue_bulk`), and 10,000 and 100,000 against awa-pg's ``enqueue_many_copy``
+   and a plain INSERT (:mod:`bench.enqueue_anchor`);
 10. only when asked (``--only administer``): retry and discard 10,000 failed jobs against
    awa-pg's own calls (:mod:`bench.administer`);
 11. only when asked (``--only reads``): a job read by id and 100 orders joined with their jobs
@@ -58,6 +59,7 @@ from bench import (
     concurrency,
     endings,
     enqueue,
+    enqueue_anchor,
     enqueue_bulk,
     handlers,
     layers,
@@ -166,13 +168,17 @@ def enqueueing(server: EmbeddedPostgres, a: Any) -> dict[str, Any]:
     """Part 9 (:mod:`bench.enqueue`): one job against the raw statement as rounds, its round
     trips, then the bulk ways."""
     urls = enqueue.databases(server, a.cluster)
-    return {
-        "single": _measured(enqueue.build(urls), "", a, enqueue.Numbers()),
-        "round_trips": enqueue.round_trips(server.port, urls),
-        "size": a.enqueue_size,
-        "bulk": enqueue_bulk.bulk(server, urls, a.enqueue_size, a.enqueue_rounds),
-        "far": enqueue_bulk.far(server, urls, a.enqueue_size, a.enqueue_rtt_ms),
-    }
+    out: dict[str, Any] = {"size": a.enqueue_size}
+    if "single" in a.enqueue_parts:
+        out["single"] = _measured(enqueue.build(urls), "", a, enqueue.Numbers())
+        out["round_trips"] = enqueue.round_trips(server.port, urls)
+    if "bulk" in a.enqueue_parts:
+        out["bulk"] = enqueue_bulk.bulk(server, urls, a.enqueue_size, a.enqueue_rounds)
+        out["far"] = enqueue_bulk.far(server, urls, a.enqueue_size, a.enqueue_rtt_ms)
+    if "anchor" in a.enqueue_parts:
+        sizes, rounds = a.enqueue_anchor_sizes, a.enqueue_anchor_rounds
+        out["anchor"] = enqueue_anchor.run(server, urls, sizes, rounds)
+    return out
 
 
 def at_distance(port: int, dbname: str, url: str, a: Any) -> dict[str, Any]:
@@ -293,6 +299,19 @@ def main() -> None:
         default=[0.5, 2.5],
         help="round trips the proxy adds to the bulk singles and enqueue_many, comma-separated",
     )
+    parser.add_argument(
+        "--enqueue-parts",
+        type=lambda names: set(names.split(",")),
+        default={"single", "bulk", "anchor"},
+        help="which of part enqueue's pieces run: single, bulk (with far), anchor",
+    )
+    parser.add_argument(
+        "--enqueue-anchor-sizes",
+        type=lambda text: [int(size) for size in text.split(",")],
+        default=[10_000, 100_000],
+        help="jobs per call against enqueue_many_copy, comma-separated",
+    )
+    parser.add_argument("--enqueue-anchor-rounds", type=int, default=3, help="rounds, median")
     parser.add_argument("--administer-size", type=int, default=10_000, help="failed jobs")
     parser.add_argument("--administer-rounds", type=int, default=3, help="rounds, median")
     parser.add_argument("--reads-jobs", type=int, default=10_000, help="completed jobs (reads)")

@@ -11,7 +11,8 @@ job goes through ``awa.insert_job_compat`` to the plane of its phase.
   connection (the in-transaction floor), as :mod:`bench.endings` compares its endings. The
   variants are interleaved in short blocks by :func:`bench.measure.interleave`; the round
   trips per call are counted by a second, short pass through :mod:`bench.proxy` (no delay).
-* **Bulk**: *size* jobs in one transaction, five ways, in :mod:`bench.enqueue_bulk`.
+* **Bulk**: *size* jobs in one transaction, five ways, in :mod:`bench.enqueue_bulk`; against
+  awa-pg's ``enqueue_many_copy`` and a plain INSERT in :mod:`bench.enqueue_anchor`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import sqlalchemy as sa
 
 import awa_sa
 from awa_sa.testing.server import EmbeddedPostgres
+from bench import enqueue_anchor
 from bench.enqueue_bulk import KIND, args_of, bulk_summary
 from bench.floor import Borrowed, directly, set_autocommit
 from bench.measure import interleave
@@ -163,7 +165,18 @@ def round_trips(port: int, urls: dict[str, str], calls: int = 5) -> dict[str, fl
 
 
 def summary(result: dict[str, Any]) -> str:
-    """The part's report: each ratio the issue names, with its target."""
+    """The part's report: each ratio the issue names, with its target (the pieces that ran)."""
+    lines: list[str] = []
+    if "single" in result:
+        lines += _single_summary(result)
+    if "bulk" in result:
+        lines += bulk_summary(result)
+    if "anchor" in result:
+        lines += enqueue_anchor.summary(result["anchor"])
+    return "\n".join(lines)
+
+
+def _single_summary(result: dict[str, Any]) -> list[str]:
     single, trips = result["single"], result["round_trips"]
     n = len(single["rounds"])
     lines = [
@@ -177,5 +190,4 @@ def summary(result: dict[str, Any]) -> str:
             f"  {name:50} {row['wall_us']:9.1f} µs  {mid:4.2f}x [{low:4.2f}-{high:4.2f}]"
             f"  {trips[name]:4.1f} round trips"
         )
-    lines += bulk_summary(result)
-    return "\n".join(lines)
+    return lines

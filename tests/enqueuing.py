@@ -39,6 +39,17 @@ JOBS: list[tuple[dict[str, Any], dict[str, Any]]] = [
 _TIMESTAMP = re.compile(r'"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?([+-]\d\d:\d\d)?"')
 
 
+MARKS = ("awa.admin_dirty_queue_marks", "awa.admin_dirty_kind_marks")
+"""The dirty marks a statement trigger appends: once per statement and queue (or kind)."""
+
+
+def marks_as_sets(found: dict[str, list[str]]) -> dict[str, list[str]]:
+    """*found* with each dirty-mark table's rows counted once: a set-based batch appends one
+    mark per statement where the producer function appends one per job (the same queues and
+    kinds, with the same ``touched_at``, which is all maintenance reads)."""
+    return {table: sorted(set(rows)) if table in MARKS else rows for table, rows in found.items()}
+
+
 def snapshot(engine: sa.Engine) -> dict[str, list[str]]:
     """Every row of every table of Awa's schemas, as JSON text, timestamps masked."""
     with engine.connect() as conn:

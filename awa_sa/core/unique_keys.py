@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,6 +110,11 @@ def plain(value: object) -> bool:
     """Whether any C encoder text of *value* holds :func:`written`'s JSON value, short of the
     strings :func:`stored_as_written` checks in that text (a NUL, a lone surrogate)."""
     return _plain([value], -1)
+
+
+def all_plain(values: Sequence[object]) -> bool:
+    """Whether :func:`plain` holds for every one of *values*, in one walk."""
+    return _plain(values if isinstance(values, list) else list(values), -1)
 
 
 def stored_as_written(text: str) -> bool:

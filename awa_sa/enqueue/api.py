@@ -35,6 +35,7 @@ from awa_sa.core.errors import (
     ValidationError,
 )
 from awa_sa.core.unique_keys import Unique
+from awa_sa.enqueue.answers import enqueued
 from awa_sa.enqueue.bulk_flow import set_based
 from awa_sa.enqueue.new_jobs import (
     Duplicate,
@@ -43,7 +44,6 @@ from awa_sa.enqueue.new_jobs import (
     Options,
     Prepared,
     batch_of,
-    enqueued,
     prepare,
     shared_batch,
 )
@@ -237,21 +237,21 @@ def _insert(
     conn: Connection, batch: Batch, on_duplicate: OnDuplicate, guard: bool
 ) -> list[EnqueuedJob | Duplicate]:
     done = set_based(conn, batch, on_duplicate, guard)
-    if done is not None:
+    if isinstance(done, list):
         return done
     jobs = batch.jobs
     if all(job.unique_key is None for job in jobs):
-        return [*enqueued(jobs, run(conn, INSERT_JOBS, batch))]
+        return [*enqueued(jobs, run(conn, done, batch))]
     if not guard:
         try:
-            return [*enqueued(jobs, run(conn, INSERT_JOBS, batch))]
+            return [*enqueued(jobs, run(conn, done, batch))]
         except Exception as exc:
             if isinstance(translated_error(exc), UniqueConflict):
                 raise _Conflict from exc
             raise
     try:
         with conn.begin_nested():
-            return [*enqueued(jobs, run(conn, INSERT_JOBS, batch))]
+            return [*enqueued(jobs, run(conn, done, batch))]
     except Exception as exc:
         if not isinstance(translated_error(exc), UniqueConflict):
             raise

@@ -5,9 +5,11 @@ Once routing points at a queue-storage schema ``S``, awa-pg's bulk producer does
 ensures each lane once, reserves each lane's positions in one ``S.reserve_enqueue_seq`` call,
 and writes the ready rows, **one** ``ready_segments`` row per lane, the deferred rows and one
 NOTIFY per queue, stamped with one clock reading (docs/contract.md#bulk-enqueue says each
-step). Three statements whatever the batch's size: :func:`bulk_routing`, :func:`bulk_lanes`
-(before the write, since the reservation cannot see rows a CTE of its own statement inserts)
-and :func:`bulk_write`. The batch is bound as ``insert_jobs`` binds it.
+step). Three statements whatever the batch's size: :func:`bulk_routing`,
+:func:`~awa_sa.enqueue.bulk_lanes.bulk_lanes` (before the write, since the reservation cannot
+see rows a CTE of its own statement inserts) and :func:`bulk_write`, which a batch with no
+unique job leaves to :func:`~awa_sa.enqueue.bulk_plain.bulk_plain`. The batch is bound as
+``insert_jobs`` binds it.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from awa_sa.tables.canonical import Timestamp, job_unique_claims, storage_transi
 from awa_sa.tables.runtime import queue_meta, ready_segments
 
 ROUTED_STATES = ("mixed_transition", "active")  # routing points at queue storage
+CANONICAL_STATES = ("canonical", "prepared")  # routing is canonical
 
 
 class Routing(NamedTuple):
@@ -67,6 +70,13 @@ class Routing(NamedTuple):
         """
         agreed = self.locked_state == self.seen_state and self.locked_state in ROUTED_STATES
         return self.schema if agreed and not self.sharded else None
+
+    @property
+    def canonical(self) -> bool:
+        """Whether both views see routing canonical (``canonical`` or ``prepared``): the
+        producer function would write every job to ``awa.jobs_hot`` or ``awa.scheduled_jobs``."""
+        agreed = self.locked_state == self.seen_state
+        return agreed and self.schema is None and self.locked_state in CANONICAL_STATES
 
 
 @statement
@@ -126,58 +136,6 @@ def _jobs(shape: Shape) -> Any:
     )
 
 
-def _ready_lanes(jobs: Any) -> Any:
-    """The ready jobs' lanes, in the order awa-pg takes them: queue bytes, then priority."""
-    return (
-        select(jobs.c.queue, jobs.c.priority)
-        .where(jobs.c.ready)
-        .group_by(jobs.c.queue, jobs.c.priority)
-        .order_by(jobs.c.queue.collate("C"), jobs.c.priority)
-    )
-
-
-@statement
-def bulk_lanes(*, shape: Shape) -> Select[Any]:
-    """Each lane of the batch's ready jobs ensured as awa-pg ensures it, in lane order: its
-    advisory lock (``S:queue:priority:0``, ``b_schema`` being ``S``), then its ``queue_lanes``
-    row and both head rows where missing. Answers the number of lanes."""
-    lanes = _ready_lanes(_jobs(shape)).cte("lanes").prefix_with("MATERIALIZED")
-    key = func.concat_ws(
-        literal_column("':'"),
-        bindparam("b_schema", type_=Text),
-        lanes.c.queue,
-        lanes.c.priority,
-        ZERO,
-    )
-    locked = (
-        select(func.pg_advisory_xact_lock(func.hashtextextended(key, ZERO)).label("held"))
-        .select_from(lanes)
-        .cte("locked")
-        .prefix_with("MATERIALIZED")
-    )
-    after_locks = select(func.count()).select_from(locked).scalar_subquery() >= ZERO
-    writes = []
-    for table, name in (
-        (qs.queue_lanes, "lane_rows"),
-        (qs.queue_enqueue_heads, "enqueue_heads"),
-        (qs.queue_claim_heads, "claim_heads"),
-    ):
-        columns = [lanes.c.queue, lanes.c.priority]
-        if "enqueue_shard" in table.c:
-            columns.append(SHARD0.label("enqueue_shard"))
-        source = select(*columns).where(after_locks)
-        writes.append(
-            pg_insert(table)
-            .from_select([c.name for c in columns], source)
-            .on_conflict_do_nothing()
-            .cte(name)
-        )
-    query = select(func.count()).select_from(lanes)
-    for write in writes:
-        query = query.add_cte(write)
-    return query
-
-
 def _payload(jobs: Any) -> ColumnElement[Any]:
     """The runtime's storage payload: metadata and tags where not empty; NULL for neither."""
     metadata = case(
@@ -226,10 +184,11 @@ def _numbered(jobs: Any) -> Any:
 
 @statement
 def bulk_write(*, shape: Shape, all_or_nothing: bool) -> Select[Any]:
-    """The batch written after :func:`bulk_lanes`: ids, unique claims (a key already held, or
-    held by an earlier job of the batch, is not claimed and its job not written), each lane's
-    reservation, ready rows, one segment per lane, deferred rows, NOTIFYs; per job in input
-    order ``(id, run_at, created_at, args, metadata, written, duplicate)``.
+    """The batch written after :func:`~awa_sa.enqueue.bulk_lanes.bulk_lanes`: ids, unique
+    claims (a key already held, or held by an earlier job of the batch, is not claimed and its
+    job not written), each lane's reservation, ready rows, one segment per lane, deferred
+    rows, NOTIFYs; per job in input order ``(id, run_at, created_at, args, metadata, written,
+    duplicate)``.
 
     *all_or_nothing* (``"raise"``): a duplicate anywhere writes no job and reserves no lane
     position (awa-pg's refusal moves no lane sequence); the rest is the caller's rollback."""
@@ -382,13 +341,6 @@ BULK_ROUTING: Query[Sequence[str], Routing] = Query(
     read=lambda rows: Routing(*rows[0]) if rows else Routing("canonical", None, None, False),
 )
 """The batch's queues in; the routing the set-based path needs out (canonical without a row)."""
-
-BULK_LANES: Query[tuple[Batch, str], int] = Query(
-    shape=lambda given: bulk_lanes(shape=given[0].shape),
-    binds=lambda given: {**insert_binds(given[0]), "b_schema": given[1]},
-    read=lambda rows: int(rows[0][0]),
-)
-"""The batch and its routing schema in; how many lanes were ensured out."""
 
 BULK_WRITE: Query[tuple[Batch, bool], Rows] = Query(
     shape=lambda given: bulk_write(shape=given[0].shape, all_or_nothing=given[1]),

@@ -15,25 +15,37 @@ from sqlalchemy import Connection
 
 from awa_sa.core.compiled import run
 from awa_sa.core.errors import DuplicateJob
-from awa_sa.core.registry import Rows
-from awa_sa.enqueue.bulk import BULK_LANES, BULK_ROUTING, BULK_WRITE
-from awa_sa.enqueue.new_jobs import Duplicate, EnqueuedJob, enqueued
-from awa_sa.enqueue.statements import UNIQUE_HOLDER, Batch
+from awa_sa.core.registry import Query, Rows
+from awa_sa.enqueue.answers import enqueued, plain_answers
+from awa_sa.enqueue.bulk import BULK_ROUTING, BULK_WRITE
+from awa_sa.enqueue.bulk_canonical import BULK_CANONICAL
+from awa_sa.enqueue.bulk_lanes import BULK_LANES, plan
+from awa_sa.enqueue.bulk_plain import BULK_PLAIN, is_plain
+from awa_sa.enqueue.new_jobs import Duplicate, EnqueuedJob
+from awa_sa.enqueue.statements import INSERT_JOBS, UNIQUE_HOLDER, Batch
 
 
 def set_based(
     conn: Connection, batch: Batch, on_duplicate: str, guard: bool
-) -> list[EnqueuedJob | Duplicate] | None:
-    """*batch* written set-based, or None (nothing written) where it goes to the producer
-    function: a single ``enqueue`` (``Client.insert``'s rows), canonical or prepared routing,
-    a transition seen moving, a queue with several enqueue shards."""
+) -> list[EnqueuedJob | Duplicate] | Query[Batch, Rows]:
+    """*batch* written set-based on queue storage, or (nothing written) the statement that
+    writes it with the other planes' duplicate handling: ``insert_jobs``, the producer
+    function per job, for a single ``enqueue`` (``Client.insert``'s rows), a transition seen
+    moving or a queue with several enqueue shards; ``bulk_canonical`` for a batch while
+    routing is canonical."""
     jobs = batch.jobs
     if not batch.many:
-        return None
+        return INSERT_JOBS
     routing = run(conn, BULK_ROUTING, sorted({job.queue for job in jobs}))
     schema = routing.set_based
     if schema is None:
-        return None
+        return BULK_CANONICAL if routing.canonical else INSERT_JOBS
+    if is_plain(batch):
+        planned = plan(batch)
+        if planned.kinds != "scheduled":
+            run(conn, BULK_LANES, (planned.lanes, schema), schema)
+        written = run(conn, BULK_PLAIN, (batch, planned), schema)
+        return [*plain_answers(batch, planned, written)]
     unique = any(job.unique_key is not None for job in jobs)
     if not (unique and on_duplicate == "raise" and guard):
         rows = _write(conn, batch, schema, on_duplicate)
@@ -50,8 +62,9 @@ def set_based(
 
 
 def _write(conn: Connection, batch: Batch, schema: str, on_duplicate: str) -> Rows:
-    if any(job.run_at is None for job in batch.jobs):
-        run(conn, BULK_LANES, (batch, schema), schema)
+    planned = plan(batch)
+    if planned.kinds != "scheduled":
+        run(conn, BULK_LANES, (planned.lanes, schema), schema)
     return run(conn, BULK_WRITE, (batch, on_duplicate == "raise"), schema)
 
 

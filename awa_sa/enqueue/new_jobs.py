@@ -10,7 +10,6 @@ any statement, and encodes them for :mod:`awa_sa.enqueue.statements`. The kind o
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from datetime import datetime
@@ -19,6 +18,7 @@ from typing import Any, TypedDict
 from awa_sa.core.errors import ValidationError
 from awa_sa.core.unique_keys import (
     Unique,
+    all_plain,
     plain,
     states_bits,
     stored_as_written,
@@ -221,6 +221,10 @@ def shared_batch(items: Sequence[object], options: NewJob) -> Batch | None:
     if options.unique_opts is not None:
         return None
     kind = options.kind
+    if all(type(item) is dict for item in items):  # the common list: no per-item calls
+        if not all_plain(items):
+            return None
+        return _shared(template, derive_kind("dict") if kind is None else kind, items)
     payloads = []
     for index, item in enumerate(items):
         if isinstance(item, NewJob):
@@ -239,6 +243,10 @@ def shared_batch(items: Sequence[object], options: NewJob) -> Batch | None:
             return None
         payloads.append(payload)
     assert kind is not None  # at least one item
+    return _shared(template, kind, payloads)
+
+
+def _shared(template: Prepared, kind: str, payloads: Sequence[object]) -> Batch | None:
     text = args_array(payloads)
     if not stored_as_written(text):
         return None
@@ -339,36 +347,3 @@ def _ordering_key(key: object) -> str | None:
     if isinstance(key, bytes | bytearray | memoryview):
         return bytes(key).hex()
     raise ValidationError(f"ordering_key must be bytes or str, got {type(key).__name__}")
-
-
-def enqueued(jobs: Sequence[Prepared], rows: Sequence[Any]) -> list[EnqueuedJob]:
-    """The typed rows of new jobs: what was sent, and what the function answered for each.
-
-    The JSON texts are read in one call for the whole batch (a JSON array of them), and each
-    row is built with positional arguments, in :class:`EnqueuedJob`'s field order: keywords
-    made the construction twice as slow, a cost a batch pays per job.
-    """
-    args = json.loads("[" + ",".join([row[3] for row in rows]) + "]")
-    out = []
-    for values, (job_id, run_at, created_at, _, metadata), payload in zip(
-        jobs, rows, args, strict=True
-    ):
-        key = values.unique_key
-        out.append(
-            EnqueuedJob(
-                job_id,
-                values.kind,
-                values.queue,
-                values.state,
-                values.priority,
-                0,
-                values.max_attempts,
-                run_at,
-                created_at,
-                payload,
-                {} if metadata == "{}" else json.loads(metadata),
-                values.tag_list,
-                None if key is None else bytes.fromhex(key),
-            )
-        )
-    return out

@@ -264,7 +264,7 @@ def batch_text(elements: list[dict[str, Any]]) -> str:
     return _ENCODE(elements)
 
 
-def args_array(payloads: list[Any]) -> str:
+def args_array(payloads: Sequence[Any]) -> str:
     """The JSON array a ``shared`` batch binds as its args: each job's, in order."""
     return _ENCODE(payloads)
 

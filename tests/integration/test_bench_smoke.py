@@ -35,6 +35,7 @@ SMALLEST = (
     *("--far-rounds", "1", "--far-per-round", "2", "--server-calls", "5"),
     *("--callers-seconds", "0.1", "--callers-rounds", "1"),
     *("--enqueue-size", "5", "--enqueue-rounds", "1"),
+    *("--enqueue-anchor-sizes", "5", "--enqueue-anchor-rounds", "1"),
     *("--administer-size", "5", "--administer-rounds", "1"),
     *("--only", ",".join(PARTS)),
 )
@@ -258,14 +259,15 @@ def test_the_enqueue_part_compares_one_job_with_the_raw_statement_and_bulk_ways(
     assert part["round_trips"] == names
     assert list(part["single"]["variants"]) == list(names)
     assert _not_positive(part["single"]["variants"], "wall_us", "cpu_us") == []
-    statements = {
-        "awa-sa enqueue_many": 3,
-        "awa-pg insert_many_copy": 5,
-        "awa-sa enqueue_many NewJob": 3,
-        "awa-sa enqueue x N": 7,
-        "insert_job_compat alone": 3,
-    }
-    for plane in ("canonical", "queue storage"):
+    for plane, batch in (("canonical", 4), ("queue storage", 5)):
+        # BEGIN, the routing read, (on queue storage the lanes,) the write, COMMIT.
+        statements = {
+            "awa-sa enqueue_many": batch,
+            "awa-pg insert_many_copy": 5,
+            "awa-sa enqueue_many NewJob": batch,
+            "awa-sa enqueue x N": 7,
+            "insert_job_compat alone": 3,
+        }
         ways = part["bulk"][plane]
         assert {name: row["statements"] for name, row in ways.items()} == statements
         assert _not_positive(ways, "seconds", "jobs_per_s") == []
@@ -277,6 +279,26 @@ def test_the_enqueue_part_compares_one_job_with_the_raw_statement_and_bulk_ways(
     for label in (*labels, "singles / function alone", "NewJob form / COPY"):
         assert sum(line.strip().startswith(label) for line in printed.splitlines()) == 2
     assert sum("singles / enqueue_many, proxy +" in line for line in printed.splitlines()) == 4
+    anchor = part["anchor"]
+    assert list(anchor) == ["queue storage, 5", "canonical, 5"]
+    assert list(anchor["queue storage, 5"]) == [
+        "awa-sa enqueue_many",
+        "awa-pg enqueue_many_copy",
+        "awa-pg insert_many_copy",
+        "floor: one plain INSERT",
+    ]
+    assert list(anchor["canonical, 5"]) == [
+        "awa-sa enqueue_many",
+        "awa-pg insert_many_copy",
+        "insert_job_compat alone",
+    ]
+    for calls in anchor.values():
+        for seen in calls.values():
+            ((wall, _, backends),) = seen  # one round
+            assert wall > 0
+            assert backends > 0
+    assert "enqueue against awa-pg enqueue_many_copy: queue storage, 5 jobs" in printed
+    assert "enqueue against awa-pg insert_many_copy: canonical, 5 jobs" in printed
 
 
 AWA_SA_STATEMENTS = {

@@ -123,10 +123,63 @@ def test_every_batch_writes_what_enqueue_many_copy_writes(pair: Twins) -> None:
             _same(pair)
             assert len(got) == len(items)
             assert [job.args for job in got] == items
+            _answered_as_stored(pair.awa_sa.engine, got)
+        _mixed_is_two_calls(pair, client)
         _duplicates_are_refused_alike(pair, client)
     finally:
         client.close()
     _answers_are_the_rows(pair.awa_sa.engine)
+
+
+def _mixed(n: int) -> dict[str, Any]:
+    if n % 3 == 0:
+        return {"run_at": FUTURE}
+    return {"queue": "ab"[n % 2], **({"ordering_key": "k"} if n == 5 else {})}
+
+
+MIXED = [({"n": n}, _mixed(n)) for n in range(12)]
+"""Ready jobs in two lanes, one keyed, between scheduled ones: one batch of ``NewJob``s."""
+
+
+def _mixed_is_two_calls(pair: Twins, client: awa.Client) -> None:
+    """A batch of ready and scheduled jobs: ``enqueue_many_copy`` takes one ``run_at`` per call,
+    so its twin is two calls, the ready jobs, then the scheduled ones, in input order (the
+    order awa-sa draws a mixed batch's ids in). Same rows, ids, NOTIFYs and answers."""
+    ready = [(args, opts) for args, opts in MIXED if "run_at" not in opts]
+    later = [args for args, opts in MIXED if "run_at" in opts]
+    jobs = [awa_sa.NewJob(args, kind="mixed", **opts) for args, opts in MIXED]
+    with listening(pair.awa_pg.url, CHANNELS) as theirs:
+        client.enqueue_many_copy([a for a, _ in ready], kind="mixed", opts=[o for _, o in ready])
+        client.enqueue_many_copy(later, kind="mixed", run_at=FUTURE)
+        heard = theirs.drain()
+    with listening(pair.awa_sa.url, CHANNELS) as listener:
+        got = awa_sa.enqueue_many(pair.awa_sa.engine, jobs)
+        assert listener.drain() == heard
+    _same(pair)
+    assert [job.args for job in got] == [args for args, _ in MIXED]
+    assert [job.state for job in got] == [
+        "scheduled" if "run_at" in o else "available" for _, o in MIXED
+    ]
+    _answered_as_stored(pair.awa_sa.engine, got)
+
+
+def _answered_as_stored(engine: sa.Engine, got: list[Any]) -> None:
+    """Each answer is its job's row: id, kind, queue, priority, args, ``run_at``, ``created_at``."""
+    with engine.connect() as conn:
+        stored = {
+            row[0]: tuple(row)
+            for row in conn.execute(
+                sa.text(
+                    "SELECT job_id, kind, queue, priority, args, run_at, created_at"
+                    " FROM awa_qs.ready_entries WHERE job_id = ANY(:ids) UNION ALL"
+                    " SELECT job_id, kind, queue, priority, args, run_at, created_at"
+                    " FROM awa_qs.deferred_jobs WHERE job_id = ANY(:ids)"
+                ),
+                {"ids": [job.id for job in got]},
+            )
+        }
+    answered = [(j.id, j.kind, j.queue, j.priority, j.args, j.run_at, j.created_at) for j in got]
+    assert answered == [stored[job.id] for job in got]
 
 
 def _duplicates_are_refused_alike(pair: Twins, client: awa.Client) -> None:
@@ -154,4 +207,4 @@ def _answers_are_the_rows(engine: sa.Engine) -> None:
                 "awa_qs.ready_entries UNION ALL SELECT job_id FROM awa_qs.deferred_jobs) j"
             )
         ).one()
-    assert stored[0] == stored[1] == sum(len(items) for items, _, _ in BATCHES)
+    assert stored[0] == stored[1] == sum(len(items) for items, _, _ in BATCHES) + len(MIXED)

@@ -46,8 +46,8 @@ def test_round_trips_of_the_connection_form(engine: sa.Engine) -> None:
         ]
         awa_sa.enqueue_many(conn, batch, on_duplicate="skip")
         assert sent == [
-            "SELECT",  # the routing read: canonical, so the producer function
-            *["SAVEPOINT", "SELECT", "ROLLBACK"],  # the batch meets the conflict
+            "SELECT",  # the routing read: canonical, so straight into the tables
+            *["SAVEPOINT", "WITH", "ROLLBACK"],  # the batch meets the conflict
             "SAVEPOINT",  # the batch again, one job at a time
             "SELECT",  # the plain job
             *["SAVEPOINT", "SELECT", "ROLLBACK", "SELECT"],  # the duplicate, and its holder

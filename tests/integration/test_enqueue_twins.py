@@ -16,7 +16,7 @@ from typing import Any
 import awa
 import pytest
 import sqlalchemy as sa
-from enqueuing import CHANNELS, FUTURE, JOBS, Twins, listening, snapshot, twins
+from enqueuing import CHANNELS, FUTURE, JOBS, Twins, listening, marks_as_sets, snapshot, twins
 from runtimes import pg_url
 
 import awa_sa
@@ -85,19 +85,25 @@ def test_rows_and_notifies_are_awa_pgs(pair: Twins) -> None:
 
 
 def test_a_batch_writes_what_one_by_one_writes(unrouted: Twins) -> None:
-    """One statement for the batch after the routing read, the same rows as single enqueues
-    (and as awa-pg's)."""
+    """One statement for the batch after the routing read, straight into the tables through
+    their triggers: the same rows, claims and NOTIFYs as single enqueues (and as awa-pg's),
+    the dirty marks once per statement rather than once per job."""
     pair = unrouted
     statements: list[str] = []
     engine = pair.awa_sa.engine
     sa.event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
     jobs = [awa_sa.NewJob(args, **options) for args, options in JOBS]
-    rows = awa_sa.enqueue_many(engine, jobs)
+    with listening(pair.awa_sa.url, CHANNELS) as ours:
+        rows = awa_sa.enqueue_many(engine, jobs)
+        heard = ours.drain()
     assert len(statements) == 2  # the Engine form: the routing read, no savepoint
-    assert "insert_job_compat" in statements[1]
-    _awa_pg_insert(pair.awa_pg.url)
-    assert snapshot(engine) == snapshot(pair.awa_pg.engine)
+    assert "insert_job_compat" not in statements[1]
+    with listening(pair.awa_pg.url, CHANNELS) as theirs:
+        _awa_pg_insert(pair.awa_pg.url)
+        assert theirs.drain() == heard
+    assert marks_as_sets(snapshot(engine)) == marks_as_sets(snapshot(pair.awa_pg.engine))
     assert [r.id for r in rows] == sorted(r.id for r in rows)
+    _answered_as_stored(engine, rows)
 
 
 @dataclass
@@ -143,7 +149,7 @@ def test_a_batch_of_args_writes_what_insert_many_copy_writes(unrouted: Twins) ->
         rows = [awa_sa.enqueue_many(engine, items, **options) for items, options, _ in BULK]
         assert ours.drain() == heard_theirs
 
-    assert snapshot(engine) == snapshot(pair.awa_pg.engine)
+    assert marks_as_sets(snapshot(engine)) == marks_as_sets(snapshot(pair.awa_pg.engine))
     assert [[r.id for r in batch] for batch in rows] == [[j.id for j in jobs] for jobs in made]
     assert [[r.kind for r in batch] for batch in rows] == [[j.kind for j in jobs] for jobs in made]
     shared = [n for n, (_, _, shape) in enumerate(BULK) if shape == "shared"]
@@ -151,3 +157,20 @@ def test_a_batch_of_args_writes_what_insert_many_copy_writes(unrouted: Twins) ->
     assert ["jsonb_array_elements" in inserts[n] for n in range(len(BULK))] == [
         n in shared for n in range(len(BULK))
     ]
+
+
+def _answered_as_stored(engine: sa.Engine, got: list[Any]) -> None:
+    """Each answer is its job's row: id, kind, queue, priority, args, ``run_at``, ``created_at``."""
+    with engine.connect() as conn:
+        stored = {
+            row[0]: tuple(row)
+            for row in conn.execute(
+                sa.text(
+                    "SELECT id, kind, queue, priority, args, run_at, created_at FROM awa.jobs"
+                    " WHERE id = ANY(:ids)"
+                ),
+                {"ids": [job.id for job in got]},
+            )
+        }
+    answered = [(j.id, j.kind, j.queue, j.priority, j.args, j.run_at, j.created_at) for j in got]
+    assert answered == [stored[job.id] for job in got]

@@ -1,0 +1,20 @@
+"""A batch's rows are built without ``EnqueuedJob.__init__``: the same rows, every field set."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime
+
+from awa_sa.enqueue.answers import new_row
+from awa_sa.enqueue.new_jobs import EnqueuedJob
+
+
+def test_new_row_is_the_dataclass_row() -> None:
+    now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    values = (7, "k", "q", "available", 2, 0, 25, now, now, {"n": 1}, {"m": 2}, ("t",), b"x")
+    built, made = new_row(*values), EnqueuedJob(*values)
+    assert built == made
+    assert repr(built) == repr(made)
+    assert dataclasses.astuple(built) == values
+    assert not hasattr(EnqueuedJob, "__post_init__")  # nothing new_row would skip
+    assert [f.name for f in dataclasses.fields(EnqueuedJob)] == list(EnqueuedJob.__slots__)

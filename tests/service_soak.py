@@ -223,8 +223,8 @@ class Soak:
                 else:  # a duplicate anywhere refuses the batch
                     made = list(awa_sa.enqueue_many(conn, jobs))
             except (DuplicateJob, UniqueConflict) as exc:
-                if isinstance(exc, UniqueConflict) and LANE_RACE not in str(exc):
-                    raise
+                if not isinstance(exc, DuplicateJob) and LANE_RACE not in str(exc):
+                    raise  # DuplicateJob is a UniqueConflict: only the lane race is let by
                 self.tally.answers[f"{verb} {_answer_of(exc)}"] += 1
                 tx.rollback()  # the service gives up the request: nothing of it is left
                 with self.lock:
@@ -389,7 +389,7 @@ lane's sequences while a single enqueue creates them too fails, and is counted, 
 
 
 def _answer_of(exc: Exception) -> str:
-    return "lane race (open)" if isinstance(exc, UniqueConflict) else type(exc).__name__
+    return "DuplicateJob" if isinstance(exc, DuplicateJob) else "lane race (open)"
 
 
 def _options(job: NewJob) -> dict[str, Any]:

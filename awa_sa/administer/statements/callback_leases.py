@@ -140,6 +140,29 @@ def receipts_closed(gone: CTE, outcome: str = "rescue", prefix: str = "") -> lis
     return [close_removed_receipts(gone, outcome, prefix=prefix), closed]
 
 
+def job_row_after(written: CTE, h: CTE) -> list[ColumnElement[Any]]:
+    """A waiting job's row once its lease ended in a ``done_entries`` row, its payload aside:
+    what the done row says, and what the hydrated lease (:func:`hydrated`) carried."""
+    w = written.c
+    return [
+        w.job_id,
+        h.c.kind,
+        w.queue,
+        h.c.args,
+        w.state,
+        w.priority,
+        w.attempt,
+        w.run_lease,
+        h.c.max_attempts,
+        h.c.run_at,
+        w.attempted_at,
+        w.finalized_at,
+        h.c.created_at,
+        h.c.unique_key,
+        h.c.unique_states,
+    ]
+
+
 def _leased(verb: Verb, table: Any = qs.leases, *, many: bool = False) -> ColumnElement[bool]:
     """The job's lease in a state *verb* takes; with *many*, the leases of ``b_lease_ids``."""
     lease = table.c
@@ -273,21 +296,7 @@ def cancel_lease() -> Select[Any]:
     )
     w = written.c
     answer = select(
-        w.job_id,
-        h.c.kind,
-        w.queue,
-        h.c.args,
-        w.state,
-        w.priority,
-        w.attempt,
-        w.run_lease,
-        h.c.max_attempts,
-        h.c.run_at,
-        w.attempted_at,
-        w.finalized_at,
-        h.c.created_at,
-        h.c.unique_key,
-        h.c.unique_states,
+        *job_row_after(written, h),
         h.c.payload,
         cancel_notice(w.job_id, w.run_lease).label("notified"),
     ).select_from(written.join(h, h.c.job_id == w.job_id))

@@ -40,7 +40,11 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from awa_sa.administer.statements.callback_leases import hydrated, receipts_closed
+from awa_sa.administer.statements.callback_leases import (
+    hydrated,
+    job_row_after,
+    receipts_closed,
+)
 from awa_sa.administer.statements.failed_retry import enqueued_again
 from awa_sa.callbacks.statements.canonical import HELD, picked, seconds_from_now
 from awa_sa.core.registry import statement
@@ -187,24 +191,9 @@ def end_lease(*, ending: Ending) -> Select[Any]:
     }
     written = insert_rows(done, values).returning(*done.c).cte("written")
     w = written.c
-    answer = select(
-        w.job_id,
-        h.c.kind,
-        w.queue,
-        h.c.args,
-        w.state,
-        w.priority,
-        w.attempt,
-        w.run_lease,
-        h.c.max_attempts,
-        h.c.run_at,
-        w.attempted_at,
-        w.finalized_at,
-        h.c.created_at,
-        h.c.unique_key,
-        h.c.unique_states,
-        payload.label("payload"),
-    ).select_from(written.join(h, h.c.job_id == w.job_id))
+    answer = select(*job_row_after(written, h), payload.label("payload")).select_from(
+        written.join(h, h.c.job_id == w.job_id)
+    )
     effects = [*receipts_closed(gone, ending), insert_terminal_delta(written)]
     return answer.add_cte(*effects)
 

@@ -136,6 +136,32 @@ def _jobs(shape: Shape) -> Any:
     )
 
 
+def scheduled_row(
+    k: Any, now: Any, unique_key: ColumnElement[Any], unique_states: ColumnElement[Any]
+) -> dict[str, ColumnElement[Any]]:
+    """A scheduled job's ``deferred_jobs`` row, as ``enqueue_many_copy`` writes it, from the
+    batch's numbered rows *k* and the batch's one clock reading *now*."""
+    none = cast(null(), Timestamp)
+    return {
+        "job_id": k.job_id,
+        "kind": k.kind,
+        "queue": k.queue,
+        "args": k.args,
+        "state": state("scheduled"),
+        "priority": k.priority,
+        "attempt": cast(ZERO, SmallInteger),
+        "run_lease": cast(ZERO, BigInteger),
+        "max_attempts": k.max_attempts,
+        "run_at": k.run_at,
+        "attempted_at": none,
+        "finalized_at": none,
+        "created_at": now,
+        "unique_key": unique_key,
+        "unique_states": unique_states,
+        "payload": k.payload,
+    }
+
+
 def _payload(jobs: Any) -> ColumnElement[Any]:
     """The runtime's storage payload: metadata and tags where not empty; NULL for neither."""
     metadata = case(
@@ -280,24 +306,7 @@ def bulk_write(*, shape: Shape, all_or_nothing: bool) -> Select[Any]:
         .on_conflict_do_nothing(index_elements=[*segment_key, "first_lane_seq"])
         .cte("segments")
     )
-    deferred_values: dict[str, ColumnElement[Any]] = {
-        "job_id": k.job_id,
-        "kind": k.kind,
-        "queue": k.queue,
-        "args": k.args,
-        "state": state("scheduled"),
-        "priority": k.priority,
-        "attempt": cast(ZERO, SmallInteger),
-        "run_lease": cast(ZERO, BigInteger),
-        "max_attempts": k.max_attempts,
-        "run_at": k.run_at,
-        "attempted_at": none,
-        "finalized_at": none,
-        "created_at": now,
-        "unique_key": k.unique_key,
-        "unique_states": cast(k.unique_bits, Text),
-        "payload": k.payload,
-    }
+    deferred_values = scheduled_row(k, now, k.unique_key, cast(k.unique_bits, Text))
     deferred = (
         insert(qs.deferred_jobs)
         .from_select(

@@ -41,9 +41,9 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.elements import ColumnElement
 
 from awa_sa.core.registry import Query, statement
-from awa_sa.core.sql import SHARD0, ZERO, state
+from awa_sa.core.sql import SHARD0, ZERO
 from awa_sa.core.unique_keys import plain
-from awa_sa.enqueue.bulk import _jobs, _payload
+from awa_sa.enqueue.bulk import _jobs, _payload, scheduled_row
 from awa_sa.enqueue.bulk_lanes import Kinds, Plan, bound_lanes, lanes_binds
 from awa_sa.enqueue.statements import Batch, Shape, insert_binds
 from awa_sa.tables import queue_storage as qs
@@ -223,29 +223,10 @@ def _ids(job_id: Any, source: Any, *, ordered: bool) -> Any:
 
 
 def _deferred(numbered: Any, now: Any, kinds: Kinds) -> Any:
-    k = numbered.c
-    none = cast(null(), Timestamp)
-    values: dict[str, ColumnElement[Any]] = {
-        "job_id": k.job_id,
-        "kind": k.kind,
-        "queue": k.queue,
-        "args": k.args,
-        "state": state("scheduled"),
-        "priority": k.priority,
-        "attempt": cast(ZERO, SmallInteger),
-        "run_lease": cast(ZERO, BigInteger),
-        "max_attempts": k.max_attempts,
-        "run_at": k.run_at,
-        "attempted_at": none,
-        "finalized_at": none,
-        "created_at": now,
-        "unique_key": null(),
-        "unique_states": cast(null(), Text),
-        "payload": k.payload,
-    }
+    values = scheduled_row(numbered.c, now, null(), cast(null(), Text))
     source = select(*(v.label(name) for name, v in values.items())).select_from(numbered)
     if kinds == "both":
-        source = source.where(not_(k.ready))
+        source = source.where(not_(numbered.c.ready))
     return (
         insert(qs.deferred_jobs)
         .from_select(list(values), source)

@@ -63,6 +63,9 @@ class SoakConfig:
     schema: str = "awa_qs"
     prepare_at: float = 0.25
     """Share of the jobs committed when the operator prepares (the flip follows at once)."""
+    mixed_by: float = 0.5
+    """Share of the jobs past which the producers wait for the mixed transition: however fast
+    the runtimes drain, the rest of the run is enqueued onto queue storage."""
     wait_secs: float = 900.0
     engine_options: dict[str, Any] = field(default_factory=dict)
 
@@ -93,6 +96,7 @@ class Soak:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.logs: list[Path] = []
         self.stop = threading.Event()
+        self.mixed = threading.Event()
         self.t0 = 0.0
 
     # ---- the runtimes -------------------------------------------------------------------
@@ -160,6 +164,7 @@ class Soak:
         self.until("storage", "prepare", "--engine", "queue_storage", "--details", details)
         self.start_runtime("r3", "queue_storage_target")
         self.until("storage", "enter-mixed-transition")
+        self.mixed.set()
         self.until("storage", "finalize")
         for name in ("r1", "r2"):  # drain-only now: restarted, they resolve queue storage
             self.procs[name].terminate()
@@ -198,6 +203,9 @@ class Soak:
             if self.committed - self.ended > max(40, self.cfg.jobs // 10) and not once:
                 time.sleep(0.05)  # a service's pace: the runtimes keep up, the run spans the move
                 continue
+            if self.committed >= self.cfg.mixed_by * self.cfg.jobs and not once:
+                if not self.mixed.wait(0.05):  # both planes take jobs, on any machine's pace
+                    continue
             # Batches of 1 to max_batch, but none above a twentieth of the run, so that the
             # transition comes between batches.
             most = max(1, min(self.cfg.max_batch, self.cfg.jobs // 20))

@@ -13,6 +13,7 @@ harness's (``CLOCK_MONOTONIC``).
 from __future__ import annotations
 
 import asyncio
+import cProfile
 import json
 import os
 import select
@@ -109,7 +110,11 @@ async def main(config: dict[str, Any]) -> None:
             worker.handled = worker.errors = 0
             worker.reached.clear()
             say("armed")
+            profile = _profiler(worker.kind)
             await worker.reached.wait()
+            if profile is not None:
+                profile.disable()
+                profile.dump_stats(f"{os.environ[PROFILE]}.{worker.kind}")
             while any(q.in_flight for q in (await client.health_check()).queues.values()):
                 await asyncio.sleep(0.002)  # the runtime's last completion, at its own pace
             say(f"done {time.monotonic()} {worker.errors}")
@@ -117,6 +122,18 @@ async def main(config: dict[str, Any]) -> None:
         await client.shutdown()
         await client.close()
         await worker.engine.dispose()
+
+
+PROFILE = "AWA_SA_BENCH_PROFILE"
+"""A path prefix: where set, each run's handlers are profiled (cProfile) to PREFIX.KIND."""
+
+
+def _profiler(kind: str) -> cProfile.Profile | None:
+    if not os.environ.get(PROFILE):
+        return None
+    profile = cProfile.Profile()
+    profile.enable()
+    return profile
 
 
 def say(line: str) -> None:

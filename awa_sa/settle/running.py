@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
+from weakref import WeakKeyDictionary
 
 from sqlalchemy import Connection, Engine
 
@@ -172,11 +173,24 @@ def _lookup_binds(filters: Filters) -> dict[str, Any]:
 def _look_up(conn: Connection, filters: Filters) -> list[RunningAttempt]:
     """``attempt_of``'s reads: one statement (:func:`attempt_lookup`) when routing is canonical
     or names :data:`DEFAULT_SCHEMA` and the job's receipt there is a ``lease_claims`` row; the
-    routing schema's reads after it otherwise."""
+    routing schema's reads after it otherwise.
+
+    The statement carries the receipt leg only where the engine's last lookup found routing
+    not canonical (:data:`_receipts_expected`): a lookup without it that finds routing moved
+    asks again with it, one round trip more, once per engine and transition.
+    """
     binds = {**_lookup_binds(filters), "b_schema": DEFAULT_SCHEMA}
     options = {"schema_translate_map": translate_map(DEFAULT_SCHEMA)}
-    rows = conn.execute(attempt_lookup(), binds, execution_options=options).all()
+    engine = conn.engine
+    receipts = _receipts_expected.get(engine, True)
+    rows = conn.execute(attempt_lookup(receipts=receipts), binds, execution_options=options).all()
     routing: str | None = rows[0].routing
+    if (routing is not None) != receipts:
+        _receipts_expected[engine] = routing is not None
+        if not receipts:
+            again = attempt_lookup(receipts=True)
+            rows = conn.execute(again, binds, execution_options=options).all()
+            routing = rows[0].routing
     canonical = [_claim(row, CANONICAL) for row in rows if row.on_queue_storage is False]
     if routing is None:
         return _ordered(canonical, filters)
@@ -186,6 +200,11 @@ def _look_up(conn: Connection, filters: Filters) -> list[RunningAttempt]:
     # Another schema: its lookup, then its listing; DEFAULT_SCHEMA, looked up already: its listing.
     lookup = routing != DEFAULT_SCHEMA
     return _receipts(conn, filters, routing, canonical, own=False, lookup=lookup)
+
+
+_receipts_expected: WeakKeyDictionary[Engine, bool] = WeakKeyDictionary()
+"""Per engine: did its last lookup find routing other than canonical? Unknown: assumed so. A
+stale answer costs a round trip, never a wrong one: routing is read in the statement itself."""
 
 
 def _claim(row: Any, storage: str) -> RunningAttempt:
@@ -284,8 +303,9 @@ def attempt_of(bind: Engine | Connection, job: JobLike | Any) -> RunningAttempt:
     :class:`ValidationError` for a job lacking those attributes. One round trip while routing
     is canonical or names :data:`~awa_sa.settle.statements.listings.DEFAULT_SCHEMA` and the job's
     receipt is a ``lease_claims`` row (``attempt_lookup``: routing, the job's canonical row and
-    that receipt, in one snapshot); in another routing schema a second, the same receipt lookup
-    there (``claim_of_job``). The lookup finds the job's open receipt by its whole identity,
+    that receipt, in one snapshot; one more, once, when an engine first finds routing moved off
+    canonical); in another routing schema a second, the same receipt lookup there
+    (``claim_of_job``). The lookup finds the job's open receipt by its whole identity,
     reading only the receipt's own slots, flat as finished jobs accumulate: closed as the
     runtime's fast completion fences it, by ``closed_at``, a closure or a closure batch (the
     settle checks every kind of evidence again under the receipt's lock). A compact or

@@ -118,10 +118,16 @@ def canonical_attempts() -> Select[Any]:
 
 
 @statement
-def attempt_lookup() -> Select[Any]:
+def attempt_lookup(receipts: bool) -> Select[Any]:
     """``attempt_of`` in one statement: the routing schema, the job's running canonical row and,
-    while routing names the schema this statement is compiled for, the job's open
-    ``lease_claims`` receipt there (:func:`~awa_sa.settle.statements.job_receipts.claim_of_job`).
+    with *receipts*, while routing names the schema this statement is compiled for, the job's
+    open ``lease_claims`` receipt there
+    (:func:`~awa_sa.settle.statements.job_receipts.claim_of_job`).
+
+    Without *receipts* the statement is the routing and the canonical row alone: a tenth of the
+    plan, and a third of the execution, of a statement that carries a receipt leg over every
+    partition PostgreSQL must open even where it skips the leg. It answers the whole question
+    while routing is canonical; where routing says otherwise the caller asks again with them.
 
     One row at least: the routing (NULL: canonical) left-joined with the matches, each with
     ``on_queue_storage`` and the receipt's ``ready_slot``. Compile it for
@@ -168,11 +174,13 @@ def attempt_lookup() -> Select[Any]:
         t.kind == kind,
         t.created_at == created_at,
     )
-    claim = claim_of_job().subquery("receipt")
-    receipt = select(*claim.c, true().label("on_queue_storage")).where(
-        routing.c.routing == _param("b_schema", Text)
-    )
-    found = union_all(canonical, receipt).lateral("found")
+    found = canonical.lateral("found")
+    if receipts:
+        claim = claim_of_job().subquery("receipt")
+        receipt = select(*claim.c, true().label("on_queue_storage")).where(
+            routing.c.routing == _param("b_schema", Text)
+        )
+        found = union_all(canonical, receipt).lateral("found")
     return (
         select(routing.c.routing, *found.c)
         .select_from(routing.outerjoin(found, true()))

@@ -37,6 +37,7 @@ from sqlalchemy import (
 from sqlalchemy.sql.elements import ColumnElement
 
 from awa_sa.core.registry import statement
+from awa_sa.settle.statements.canonical import queue_storage_schema
 from awa_sa.settle.statements.job_receipts import LOOKUP_BINDS, claim_of_job, receipts_of
 from awa_sa.settle.statements.receipts import COLUMNS, no_value, open_receipts
 from awa_sa.tables.canonical import Timestamp, jobs_hot
@@ -129,8 +130,10 @@ def attempt_lookup(receipts: bool) -> Select[Any]:
     partition PostgreSQL must open even where it skips the leg. It answers the whole question
     while routing is canonical; where routing says otherwise the caller asks again with them.
 
-    One row at least: the routing (NULL: canonical) left-joined with the matches, each with
-    ``on_queue_storage`` and the receipt's ``ready_slot``. Compile it for
+    One row at least: the routing (NULL: canonical; without *receipts*, said without calling the
+    routing function where the installed functions are the known ones:
+    :func:`~awa_sa.settle.statements.canonical.queue_storage_schema`) left-joined with the
+    matches, each with ``on_queue_storage`` and the receipt's ``ready_slot``. Compile it for
     :data:`DEFAULT_SCHEMA` and bind ``b_schema`` to that name: a statement names its tables
     when it is parsed, so only a schema that exists on every migrated cluster may be named
     before routing is known. The receipt leg runs only when the routing read in this very
@@ -139,14 +142,19 @@ def attempt_lookup(receipts: bool) -> Select[Any]:
     reads on in the routing schema. The canonical row is found by the job's whole identity,
     every parameter required, so its generic plan is an index lookup of ``jobs_hot``.
     """
-    t = jobs_hot.c
     types: tuple[Any, ...] = (BigInteger, SmallInteger, Text, Text, Timestamp)
     job, attempt, queue, kind, created_at = (
         _param(name, type_) for name, type_ in zip(LOOKUP_BINDS, types, strict=True)
     )
-    routing = select(func.awa.active_queue_storage_schema(type_=Text).label("routing")).subquery(
-        "routing"
-    )
+    # OFFSET 0 keeps the row found by its key alone: offered the queue and state too, the
+    # generic plan scanned every running job of the queue (idx_awa_jobs_hot_queue_state).
+    by_id = select(jobs_hot).where(jobs_hot.c.id == job).offset(literal_column("0"))
+    t = by_id.subquery("hot").c
+    # Where routing is expected canonical, the routing function is called only where needed.
+    schema = queue_storage_schema()
+    if receipts:
+        schema = func.awa.active_queue_storage_schema(type_=Text)
+    routing = select(schema.label("routing")).subquery("routing")
     canonical = select(
         t.id.label("job_id"),
         t.run_lease,

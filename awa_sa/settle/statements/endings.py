@@ -157,22 +157,25 @@ def _ends(asked: Any, row: Any) -> ColumnElement[bool]:
 
 
 @statement
-def end_attempts(*, batch: bool) -> Select[Any]:
+def end_attempts(*, batch: bool, named: bool) -> Select[Any]:
     """End the guarded attempts as asked, one UPDATE for every kind of ending.
 
     Returns a first row ``(shared_key, at, routing_schema)``: two of a batch's rows share a
     unique key (then nothing was touched; see ``attempts.shared_key``), the clock as the error
     entries have it, and the queue-storage schema routing points at (then a bare pair not yet
-    ``checked`` was not touched). Then one row per asked attempt whose row is running:
+    ``checked`` was not touched). Where every attempt is *named* (its kind given: the caller
+    read it from the running attempt) routing decides nothing, and is neither read nor
+    answered (NULL). Then one row per asked attempt whose row is running:
     ``ended`` the state it now has, or NULL with its ``attempt`` when it is a retryable
     failure with attempts left.
     A batch locks its rows lowest id first, as the worker's batched completion does.
     """
     asked = _asked(batch)
+    routing = cast(null(), Text) if named else queue_storage_schema()
     head = head_row(
         shared_key(asked, batch).label("shared_key"),
         rfc3339(func.now()).label("at"),
-        queue_storage_schema().label("routing_schema"),
+        routing.label("routing_schema"),
     )
     hot: Any = jobs_hot.alias("hot")
     unshared = ~scalar(head, "shared_key")
@@ -192,14 +195,14 @@ def end_attempts(*, batch: bool) -> Select[Any]:
         matched = [*guard(hot, asked), unshared]
     # Where routing is queue storage a bare pair may name the other plane's claim: it ends
     # only once the flow has found none (``checked``), or when the caller named the attempt.
-    named = or_(
+    unnamed = or_(
         source.c.want_kind.is_not(None),
         source.c.checked,
         scalar(head, "routing_schema").is_(None),
     )
     ended = (
         update(hot)
-        .where(*matched, _ends(source, hot), named)
+        .where(*matched, _ends(source, hot), *([] if named else [unnamed]))
         .values(
             state=case(
                 (_is(source, "complete"), state("completed")),
@@ -279,5 +282,9 @@ class Ended:
 
 
 END_ATTEMPTS: Query[Sequence[EndItem], Ended] = Query(
-    lambda items: end_attempts(batch=len(items) > 1), _binds, Ended.read
+    lambda items: end_attempts(
+        batch=len(items) > 1, named=all(item.kind is not None for item in items)
+    ),
+    _binds,
+    Ended.read,
 )

@@ -203,9 +203,9 @@ class Soak:
             if self.committed - self.ended > max(40, self.cfg.jobs // 10) and not once:
                 time.sleep(0.05)  # a service's pace: the runtimes keep up, the run spans the move
                 continue
-            if self.committed >= self.cfg.mixed_by * self.cfg.jobs and not once:
-                if not self.mixed.wait(0.05):  # both planes take jobs, on any machine's pace
-                    continue
+            past_half = self.committed >= self.cfg.mixed_by * self.cfg.jobs and not once
+            if past_half and not self.mixed.wait(0.05):  # both planes take jobs, at any pace
+                continue
             # Batches of 1 to max_batch, but none above a twentieth of the run, so that the
             # transition comes between batches.
             most = max(1, min(self.cfg.max_batch, self.cfg.jobs // 20))

@@ -39,6 +39,7 @@ from weakref import WeakKeyDictionary
 
 from sqlalchemy import Connection, Engine
 
+from awa_sa.core.compiled import execute
 from awa_sa.core.driver_errors import translated
 from awa_sa.core.errors import AmbiguousAttempt, AttemptNotFound, ValidationError
 from awa_sa.settle.statements.job_receipts import LOOKUP_BINDS, claim_of_job
@@ -180,16 +181,14 @@ def _look_up(conn: Connection, filters: Filters) -> list[RunningAttempt]:
     asks again with it, one round trip more, once per engine and transition.
     """
     binds = {**_lookup_binds(filters), "b_schema": DEFAULT_SCHEMA}
-    options = {"schema_translate_map": translate_map(DEFAULT_SCHEMA)}
     engine = conn.engine
     receipts = _receipts_expected.get(engine, True)
-    rows = conn.execute(attempt_lookup(receipts=receipts), binds, execution_options=options).all()
+    rows = execute(conn, attempt_lookup(receipts=receipts), binds, DEFAULT_SCHEMA)
     routing: str | None = rows[0].routing
     if (routing is not None) != receipts:
         _receipts_expected[engine] = routing is not None
         if not receipts:
-            again = attempt_lookup(receipts=True)
-            rows = conn.execute(again, binds, execution_options=options).all()
+            rows = execute(conn, attempt_lookup(receipts=True), binds, DEFAULT_SCHEMA)
             routing = rows[0].routing
     canonical = [_claim(row, CANONICAL) for row in rows if row.on_queue_storage is False]
     if routing is None:

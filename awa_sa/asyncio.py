@@ -51,12 +51,20 @@ from awa_sa.callbacks.api_async import (
     resume_external,
     retry_external,
 )
-from awa_sa.core.async_binds import check_bind, on_sync
+from awa_sa.core.async_binds import administered, check_bind, on_sync
 from awa_sa.enqueue.api_async import enqueue, enqueue_many
 from awa_sa.read.api_async import get_job, list_jobs, queue_stats
 from awa_sa.settle import binds as forms
-from awa_sa.settle.api import settling, settlings
-from awa_sa.settle.inputs import AnyCall, prepare, prepare_all, prepare_batch, prepare_result
+from awa_sa.settle.api import settlings
+from awa_sa.settle.by_job import settle_job_step
+from awa_sa.settle.inputs import (
+    AnyCall,
+    prepare,
+    prepare_all,
+    prepare_batch,
+    prepare_result,
+    settling,
+)
 from awa_sa.settle.results import Attempt, Ending, Kind, Outcome, Result, Settle, Settlement
 from awa_sa.settle.running import JobLike, RunningAttempt
 from awa_sa.settle.running import attempt_of as _sync_attempt_of
@@ -175,7 +183,7 @@ async def settle_canonical_attempts(
 
 async def settle(
     bind: AsyncEngine | AsyncConnection | AsyncSession,
-    attempt: RunningAttempt,
+    attempt: RunningAttempt | JobLike,
     result: Result,
     *,
     error: Any = None,
@@ -183,6 +191,8 @@ async def settle(
 ) -> Ending:
     """Async :func:`awa_sa.settle`; same arguments, outcomes and errors."""
     check_bind(bind)
+    if not isinstance(attempt, RunningAttempt):
+        return await administered(bind, settle_job_step(attempt, result, error, progress))
     return (await _within(bind, [settling(attempt, result, error, progress)]))[0]
 
 

@@ -13,19 +13,20 @@ from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Connection, Engine
 
-from awa_sa.core.binds import check_bind
+from awa_sa.core.binds import administered, check_bind
 from awa_sa.core.errors import CompactReceipt, ValidationError
 from awa_sa.settle.binds import within
+from awa_sa.settle.by_job import settle_job_step
 from awa_sa.settle.inputs import (
     AnyCall,
     prepare,
     prepare_all,
     prepare_batch,
-    prepare_receipt,
     prepare_result,
+    settling,
 )
 from awa_sa.settle.results import Attempt, Ending, Kind, Outcome, Result, Settle, Settlement
-from awa_sa.settle.running import RunningAttempt
+from awa_sa.settle.running import JobLike, RunningAttempt
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -130,7 +131,7 @@ def settle_canonical_attempts(
 
 def settle(
     bind: Engine | Connection | Session,
-    attempt: RunningAttempt,
+    attempt: RunningAttempt | JobLike,
     result: Result,
     *,
     error: Any = None,
@@ -138,6 +139,11 @@ def settle(
 ) -> Ending:
     """Settle *attempt*, as :func:`~awa_sa.running_attempts` or :func:`~awa_sa.attempt_of`
     returned it, as *result* says: the call that cannot touch another job.
+
+    *attempt* may also be the awa-pg ``Job`` a handler was given (anything
+    :func:`~awa_sa.attempt_of` takes): its running attempt is then found and settled in the one
+    call, in two statements on either plane (the lookup takes the receipt's lock itself), and a
+    job whose attempt is no longer running is ``Stale``.
 
     A canonical attempt is settled as :func:`settle_canonical_attempt` does, with its kind,
     queue and attempt checked beside ``(job_id, run_lease)`` in the same statement: a row that
@@ -152,6 +158,8 @@ def settle(
     ``bind`` and ``error`` are as for those calls.
     """
     check_bind(bind)
+    if not isinstance(attempt, RunningAttempt):
+        return administered(bind, settle_job_step(attempt, result, error, progress))
     return within(bind, [settling(attempt, result, error, progress)])[0]
 
 
@@ -192,18 +200,6 @@ def settlings(settlements: object) -> list[AnyCall]:
         except ValidationError as exc:
             raise ValidationError(f"settlements[{index}]: {exc}") from exc
     return calls
-
-
-def settling(attempt: object, result: object, error: object, progress: object) -> AnyCall:
-    """The validated call for :func:`settle`, or why it can never be made."""
-    if not isinstance(attempt, RunningAttempt):
-        raise ValidationError(
-            f"attempt must be a RunningAttempt (from running_attempts or attempt_of), "
-            f"got {type(attempt).__name__}"
-        )
-    if attempt.on_queue_storage:
-        return prepare_receipt(attempt, result, error, progress)
-    return prepare_result(attempt.job_id, attempt.run_lease, result, error, progress, named=attempt)
 
 
 def _rescheduled(outcomes: list[Ending]) -> list[Outcome]:

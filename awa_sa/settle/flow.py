@@ -199,6 +199,13 @@ def receipts(conn: Connection, calls: Sequence[ReceiptCall]) -> list[Ending]:
             return [_receipt(conn, call) for call in calls]
 
 
+def locked_receipt(conn: Connection, call: ReceiptCall) -> Ending:
+    """A receipt whose lock the lookup that found it took (``settle`` of a job): the settle."""
+    with _failing([call], call.schema):
+        translate_map(call.schema)
+        return _receipt(conn, call)
+
+
 def _receipt(conn: Connection, call: ReceiptCall) -> Ending:
     closed = run(conn, SETTLE_RECEIPT, call.item, call.schema)
     if closed.materialised:

@@ -328,3 +328,15 @@ def first_of_each_pair(asked: Sequence[MoveItem | EndItem]) -> dict[tuple[int, i
     for index, item in enumerate(asked):
         first.setdefault((item.job_id, item.run_lease), index)
     return first
+
+
+def settling(attempt: object, result: object, error: object, progress: object) -> AnyCall:
+    """The validated call for :func:`settle`, or why it can never be made."""
+    if not isinstance(attempt, RunningAttempt):
+        raise ValidationError(
+            f"attempt must be a RunningAttempt (from running_attempts or attempt_of), "
+            f"got {type(attempt).__name__}"
+        )
+    if attempt.on_queue_storage:
+        return prepare_receipt(attempt, result, error, progress)
+    return prepare_result(attempt.job_id, attempt.run_lease, result, error, progress, named=attempt)

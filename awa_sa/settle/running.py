@@ -48,6 +48,7 @@ from awa_sa.settle.statements.listings import (
     CanonicalListing,
     Filters,
     Listed,
+    LookupReads,
     attempt_lookup,
     canonical_attempts,
     filter_binds,
@@ -172,9 +173,17 @@ def _lookup_binds(filters: Filters) -> dict[str, Any]:
 
 
 def _look_up(conn: Connection, filters: Filters) -> list[RunningAttempt]:
+    """``attempt_of``'s reads (:func:`look_up`)."""
+    return look_up(conn, filters)[0]
+
+
+def look_up(
+    conn: Connection, filters: Filters, *, lock: bool = False
+) -> tuple[list[RunningAttempt], bool]:
     """``attempt_of``'s reads: one statement (:func:`attempt_lookup`) when routing is canonical
     or names :data:`DEFAULT_SCHEMA` and the job's receipt there is a ``lease_claims`` row; the
-    routing schema's reads after it otherwise.
+    routing schema's reads after it otherwise. With *lock*, that receipt is locked as the
+    settle's lock statement locks it; the answer says whether it was.
 
     The statement carries the receipt leg only where the engine's last lookup found routing
     not canonical (:data:`_receipts_expected`): a lookup without it that finds routing moved
@@ -182,23 +191,29 @@ def _look_up(conn: Connection, filters: Filters) -> list[RunningAttempt]:
     """
     binds = {**_lookup_binds(filters), "b_schema": DEFAULT_SCHEMA}
     engine = conn.engine
-    receipts = _receipts_expected.get(engine, True)
-    rows = execute(conn, attempt_lookup(receipts=receipts), binds, DEFAULT_SCHEMA)
+    with_receipts: LookupReads = "locked" if lock else "receipts"
+    expected = _receipts_expected.get(engine, True)
+    rows = execute(
+        conn,
+        attempt_lookup(reads=with_receipts if expected else "canonical"),
+        binds,
+        DEFAULT_SCHEMA,
+    )
     routing: str | None = rows[0].routing
-    if (routing is not None) != receipts:
+    if (routing is not None) != expected:
         _receipts_expected[engine] = routing is not None
-        if not receipts:
-            rows = execute(conn, attempt_lookup(receipts=True), binds, DEFAULT_SCHEMA)
+        if not expected:
+            rows = execute(conn, attempt_lookup(reads=with_receipts), binds, DEFAULT_SCHEMA)
             routing = rows[0].routing
     canonical = [_claim(row, CANONICAL) for row in rows if row.on_queue_storage is False]
     if routing is None:
-        return _ordered(canonical, filters)
+        return _ordered(canonical, filters), False
     claims = [_claim(row, routing) for row in rows if row.on_queue_storage]
     if claims:  # only ever read in DEFAULT_SCHEMA, and only while routing names it
-        return _ordered(canonical + claims, filters)
+        return _ordered(canonical + claims, filters), lock
     # Another schema: its lookup, then its listing; DEFAULT_SCHEMA, looked up already: its listing.
     lookup = routing != DEFAULT_SCHEMA
-    return _receipts(conn, filters, routing, canonical, own=False, lookup=lookup)
+    return _receipts(conn, filters, routing, canonical, own=False, lookup=lookup), False
 
 
 _receipts_expected: WeakKeyDictionary[Engine, bool] = WeakKeyDictionary()
@@ -272,7 +287,7 @@ def _created_at(job: Any) -> datetime:
     return stamp
 
 
-def _identity(job: Any) -> Filters:
+def job_filters(job: Any) -> Filters:
     """The filters that name *job*'s claim: every attribute a handler's job carries."""
     values: dict[str, Any] = {}
     for name, field, type_ in (
@@ -312,9 +327,9 @@ def attempt_of(bind: Engine | Connection, job: JobLike | Any) -> RunningAttempt:
     more. From async code:
     :func:`awa_sa.asyncio.attempt_of`.
     """
-    filters = _identity(job)
+    filters = job_filters(job)
     found = _list(bind, filters, job=True)
-    assert filters.job_id is not None  # _identity sets both
+    assert filters.job_id is not None  # job_filters sets both
     assert filters.attempt is not None
     if not found:
         raise AttemptNotFound(filters.job_id, filters.attempt)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from sqlalchemy import (
     BigInteger,
@@ -25,6 +25,7 @@ from sqlalchemy import (
     Subquery,
     Text,
     bindparam,
+    case,
     cast,
     false,
     func,
@@ -39,6 +40,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from awa_sa.core.registry import statement
 from awa_sa.settle.statements.canonical import queue_storage_schema
 from awa_sa.settle.statements.job_receipts import LOOKUP_BINDS, claim_of_job, receipts_of
+from awa_sa.settle.statements.receipt_settles import generic_plan_next, receipt_lock_key
 from awa_sa.settle.statements.receipts import COLUMNS, no_value, open_receipts
 from awa_sa.tables.canonical import Timestamp, jobs_hot
 
@@ -118,19 +120,30 @@ def canonical_attempts() -> Select[Any]:
     )
 
 
+LookupReads = Literal["canonical", "receipts", "locked"]
+"""What :func:`attempt_lookup` reads: the canonical row alone, with the receipt too, or with the
+receipt locked for the settle that follows in the same call."""
+
+
 @statement
-def attempt_lookup(receipts: bool) -> Select[Any]:
+def attempt_lookup(reads: LookupReads) -> Select[Any]:
     """``attempt_of`` in one statement: the routing schema, the job's running canonical row and,
-    with *receipts*, while routing names the schema this statement is compiled for, the job's
+    with receipts, while routing names the schema this statement is compiled for, the job's
     open ``lease_claims`` receipt there
     (:func:`~awa_sa.settle.statements.job_receipts.claim_of_job`).
 
-    Without *receipts* the statement is the routing and the canonical row alone: a tenth of the
+    ``locked`` also takes the receipt's advisory lock and asks for the settle's generic plan, as
+    :func:`~awa_sa.settle.statements.receipt_settles.receipt_lock` does, on the receipt it finds
+    (``settle`` of a job: the lookup and the lock in one statement, the settle next, which
+    restores the plan mode). The lookup's snapshot is taken before the lock: the settle's, taken
+    after it, is the one that decides.
+
+    ``canonical``: the statement is the routing and the canonical row alone: a tenth of the
     plan, and a third of the execution, of a statement that carries a receipt leg over every
     partition PostgreSQL must open even where it skips the leg. It answers the whole question
     while routing is canonical; where routing says otherwise the caller asks again with them.
 
-    One row at least: the routing (NULL: canonical; without *receipts*, said without calling the
+    One row at least: the routing (NULL: canonical; ``canonical`` says it without calling the
     routing function where the installed functions are the known ones:
     :func:`~awa_sa.settle.statements.canonical.queue_storage_schema`) left-joined with the
     matches, each with ``on_queue_storage`` and the receipt's ``ready_slot``. Compile it for
@@ -151,6 +164,7 @@ def attempt_lookup(receipts: bool) -> Select[Any]:
     by_id = select(jobs_hot).where(jobs_hot.c.id == job).offset(literal_column("0"))
     t = by_id.subquery("hot").c
     # Where routing is expected canonical, the routing function is called only where needed.
+    receipts = reads != "canonical"
     schema = queue_storage_schema()
     if receipts:
         schema = func.awa.active_queue_storage_schema(type_=Text)
@@ -189,8 +203,18 @@ def attempt_lookup(receipts: bool) -> Select[Any]:
             routing.c.routing == _param("b_schema", Text)
         )
         found = union_all(canonical, receipt).lateral("found")
+    columns: list[Any] = [routing.c.routing, *found.c]
+    if reads == "locked":
+        on_receipt = found.c.on_queue_storage.is_(true())
+        lock = func.pg_catalog.pg_advisory_xact_lock(
+            receipt_lock_key(found.c.job_id, found.c.run_lease), type_=Text
+        )
+        columns += [
+            case((on_receipt, lock)).label("locked"),
+            case((on_receipt, generic_plan_next())).label("plan_mode"),
+        ]
     return (
-        select(routing.c.routing, *found.c)
+        select(*columns)
         .select_from(routing.outerjoin(found, true()))
         .order_by(found.c.attempted_at, found.c.job_id)
     )

@@ -135,6 +135,14 @@ def restored_plan_mode() -> ColumnElement[Any]:
     return func.pg_catalog.set_config(text_literal(PLAN_MODE), func.coalesce(saved, now), true())
 
 
+def receipt_lock_key(job_id: Any, run_lease: Any) -> ColumnElement[Any]:
+    """The receipt's advisory-lock key: ``format('...%s:%s', ...)`` as the runtime spells it,
+    without a ``%`` in the text (the same key for bigints, and no literal a driver's paramstyle
+    could take for a placeholder)."""
+    key = text_literal(LOCK_PREFIX) + cast(job_id, Text) + text_literal(":") + cast(run_lease, Text)
+    return func.pg_catalog.hashtextextended(key, literal_column("0"), type_=BigInteger)
+
+
 @statement
 def receipt_lock(*, batch: bool, generic_settle: bool = False) -> Select[Any]:
     """The runtime's advisory lock on each attempt's receipt, held to the end of the
@@ -146,15 +154,7 @@ def receipt_lock(*, batch: bool, generic_settle: bool = False) -> Select[Any]:
     """
     fields = [("b_job_id", "job_id", BigInteger), ("b_run_lease", "run_lease", BigInteger)]
     pairs = bound_rows("pairs", fields, batch)
-    # ``format('...%s:%s', ...)`` as the runtime spells it, without a ``%`` in the text: the
-    # same key for bigints, and no literal a driver's paramstyle could take for a placeholder.
-    key = (
-        text_literal(LOCK_PREFIX)
-        + cast(pairs.c.job_id, Text)
-        + text_literal(":")
-        + cast(pairs.c.run_lease, Text)
-    )
-    lock_key = func.pg_catalog.hashtextextended(key, literal_column("0"), type_=BigInteger)
+    lock_key = receipt_lock_key(pairs.c.job_id, pairs.c.run_lease)
     keys = select(lock_key.label("lock_key")).distinct().order_by(lock_key)
     ordered = keys.cte("locks").prefix_with("MATERIALIZED")
     locked = func.pg_catalog.pg_advisory_xact_lock(ordered.c.lock_key, type_=Text)

@@ -30,7 +30,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from awa_sa import Complete, Stale
-from awa_sa.asyncio import attempt_of, settle
+from awa_sa.asyncio import settle
 
 ROOT = Path(__file__).resolve().parents[1]
 QUEUE = "bench_handlers"
@@ -80,9 +80,8 @@ class Handlers:
     async def recipe(self, job: Any) -> None:
         """The README's handler: the row and the job's end in one transaction."""
         async with self.engine.begin() as conn:  # one transaction: your rows and the job's end
-            mine = await attempt_of(conn, job)  # the job's running attempt, on either plane
             await conn.execute(ROWS.insert().values(order_id=job.args["n"], job_id=job.id))
-            if isinstance(await settle(conn, mine, Complete()), Stale):
+            if isinstance(await settle(conn, job, Complete()), Stale):
                 raise AlreadySettled(job.id)  # rolls the rows back with it
 
 

@@ -1,7 +1,7 @@
 """The README's code is run, not trusted, and so is docs/usage.md's: each Python example
 against a fixture database.
 
-The README's recipe (an awa-pg handler: ``attempt_of``, the handler's row, ``settle``, in one
+The README's recipe (an awa-pg handler: the handler's row and ``settle`` of its job, in one
 transaction, async and sync) runs on an attempt of each plane, seeded by the testing kit as a
 worker's claim leaves it. Its ``@client.task`` registration is awa-pg's; here ``client`` is a
 stand-in that hands the handler back (registering needs a live awa-pg client, and running the
@@ -33,7 +33,7 @@ import pytest
 import sqlalchemy as sa
 
 import awa_sa
-from awa_sa import AttemptNotFound, Fail, RunningAttempt
+from awa_sa import Fail, RunningAttempt
 from awa_sa.testing import job_of, locate, queue_storage_attempt, running_attempt
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,8 +82,8 @@ def test_readme_is_short_and_leads_with_the_handler_recipe() -> None:
         "Where to read more",
     ]
     assert len(RECIPES) == 3
-    assert "from awa_sa.asyncio import attempt_of, settle" in RECIPES[0]
-    assert "from awa_sa import Complete, Stale, attempt_of, settle" in RECIPES[1]
+    assert "from awa_sa.asyncio import settle" in RECIPES[0]
+    assert "from awa_sa import Complete, Stale, settle" in RECIPES[1]
     assert "from awa_sa.asyncio import enqueue" in RECIPES[PRODUCER]
 
 
@@ -161,8 +161,9 @@ def test_the_handler_recipe_writes_nothing_for_an_attempt_settled_elsewhere(
 ) -> None:
     mine = seeded(engine, "queue storage")
     awa_sa.settle(engine, mine, Fail("rescued"))  # as a rescue would, before the handler
-    with pytest.raises(AttemptNotFound):
+    with pytest.raises(Exception, match=str(mine.job_id)) as raised:
         run_recipe(index, db_url, job_of(mine))
+    assert type(raised.value).__name__ == "AlreadySettled"
     with engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT count(*) FROM invoices").scalar() == 0
 

@@ -16,17 +16,18 @@ What awa-sa refuses (a transform's timestamp or duration) raises and writes noth
 
 from __future__ import annotations
 
-import json
-import math
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
+from functools import partial
 from typing import Any, NamedTuple
 
 import awa
 import pytest
 import sqlalchemy as sa
-from administering import masked, same_job, twin
+from administering import masked, pg_call, twin
+from callback_waits import same_answer
+from racing import held, in_thread, wait_until_blocked
 from runtimes import pg_url
 
 import awa_sa
@@ -165,6 +166,7 @@ expressions, each default action with and without expressions, and payloads of e
 
 
 class Cluster(NamedTuple):
+    url: str
     engine: sa.Engine
     client: Any
     job: int
@@ -179,7 +181,7 @@ def cluster(
         client = awa.Client(pg_url(url))
         stack.callback(client.close)
         job = client.insert({"order": 1}, kind="charge", queue="cb_q")
-        yield Cluster(engine, client, job.id)
+        yield Cluster(url, engine, client, job.id)
 
 
 PARK = """
@@ -212,21 +214,6 @@ def row(conn: sa.Connection | sa.Engine, job: int) -> str:
     return masked(conn.execute(sql, {"id": job}).scalar_one())
 
 
-def strict(a: Any, b: Any) -> bool:
-    """Equal, type for type (``1``, ``1.0`` and ``True`` apart, a float's sign too)."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, float):
-        if math.isnan(a):
-            return math.isnan(b)
-        return a == b and math.copysign(1, a) == math.copysign(1, b)
-    if isinstance(a, list):
-        return len(a) == len(b) and all(map(strict, a, b))
-    if isinstance(a, dict):
-        return list(a) == list(b) and all(strict(a[k], b[k]) for k in a)
-    return bool(a == b)
-
-
 def both(
     cluster: Cluster,
     payload: Any,
@@ -247,15 +234,7 @@ def both(
     theirs = cluster.client.resolve_callback(callback, payload, default)
     assert sa_row == row(cluster.engine, cluster.job)
     assert got is not None
-    assert (got.outcome, got.reason) == (theirs.outcome, theirs.reason)
-    assert strict(got.payload, theirs.payload), (got.payload, theirs.payload)
-    if theirs.job is None:
-        assert got.job is None
-    else:
-        assert got.job is not None
-        same_job(got.job, theirs.job)
-        ours, awa_pg = (json.dumps(job.errors, sort_keys=True) for job in (got.job, theirs.job))
-        assert masked(ours) == masked(awa_pg)
+    same_answer(got, theirs)
     return theirs
 
 
@@ -333,3 +312,60 @@ def test_no_such_callback_answers_none_where_awa_pg_raises(cluster: Cluster) -> 
         cluster.client.resolve_callback(callback, paid, "later")
     with pytest.raises(awa_sa.ValidationError, match="unknown default_action"):
         awa_sa.resolve_callback(cluster.engine, callback, paid, "later")  # type: ignore[arg-type]
+
+
+def by_pg(cluster: Cluster, callback: str, payload: Any) -> Any:
+    """awa-pg's resolve on a client of its own (from another thread); None where it raises
+    "callback not found"."""
+
+    async def call(client: awa.AsyncClient) -> Any:
+        try:
+            return await client.resolve_callback(callback, payload)
+        except awa.CallbackNotFound:
+            return None
+
+    return pg_call(cluster.url, call)
+
+
+def test_a_resolve_holds_the_wait_as_awa_pg_does_both_orders(cluster: Cluster) -> None:
+    """awa-sa's resolve holds the wait until its caller commits: awa-pg's resolve waits, then
+    finds it completed ("callback not found"), or, behind a resolve that ignored it, resolves
+    it. The other order: awa-pg's resolve queued first behind a side lock, awa-sa's behind it,
+    answered None; its business row rolled back."""
+    paid = {"kind": "charge", "status": "paid", "amount": 5, "order": "R"}
+    for first, then in (("completed", "none"), ("ignored", "completed")):
+        callback = park(cluster, **DECIDE, **SETTLE)
+        given = paid if first == "completed" else {**paid, "kind": "refund"}
+        with held(cluster.engine) as tx:
+            tx.execute("INSERT INTO public.business VALUES ('first')")
+            got = awa_sa.resolve_callback(tx.conn, callback, given)
+            assert got is not None
+            assert got.outcome == first
+            theirs = in_thread(partial(by_pg, cluster, callback, paid))
+            wait_until_blocked(cluster.engine, tx.pid, pending=[theirs])
+            tx.commit()
+        answer = theirs.result(60)
+        assert ("none" if answer is None else answer.outcome) == then
+
+    callback = park(cluster, **SETTLE)
+
+    def late() -> Any:
+        with cluster.engine.connect() as conn:
+            conn.execute(sa.text("INSERT INTO public.business VALUES ('late')"))
+            got = awa_sa.resolve_callback(conn, callback, paid)
+            if got is not None:
+                conn.commit()
+            return got
+
+    with held(cluster.engine) as tx:
+        tx.execute("SELECT 1 FROM awa.jobs_hot WHERE id = :i FOR UPDATE", {"i": cluster.job})
+        theirs = in_thread(partial(by_pg, cluster, callback, paid))
+        (waiter,) = wait_until_blocked(cluster.engine, tx.pid, pending=[theirs])
+        mine = in_thread(late)
+        wait_until_blocked(cluster.engine, waiter.pid, pending=[theirs, mine])
+        tx.rollback()
+    assert theirs.result(60).outcome == "completed"
+    assert mine.result(60) is None
+    with cluster.engine.connect() as conn:
+        late_rows = sa.text("SELECT count(*) FROM public.business WHERE note = 'late'")
+        assert conn.execute(late_rows).scalar_one() == 0

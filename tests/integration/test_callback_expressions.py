@@ -121,7 +121,10 @@ CORPUS: list[tuple[str, Any]] = [
     ("'true'", M),
     ("(", M),
     ("", M),
+    ("[" * 96 + "true" + "]" * 96, M),  # past the parser's depth limit, alone too
 ]
+DEEP = "[" * 94 + "true" + "]" * 94 + "[0]" * 94
+"""Within the parser's depth limit alone, past it once bound to the payload."""
 REFUSED = [
     # what the binding cannot hand back exactly: awa-sa refuses the transform
     ("timestamp('2024-01-01T00:00:00.123456789Z')", M),
@@ -271,6 +274,18 @@ def test_a_transform_awa_sa_cannot_read_exactly_is_refused_and_writes_nothing(
         assert row(conn, cluster.job) == parked  # nothing written, inside the transaction too
         conn.rollback()
     assert cluster.client.resolve_callback(callback, payload).outcome == "completed"
+
+
+def test_an_expression_nested_near_the_depth_limit_is_refused_and_writes_nothing(
+    cluster: Cluster,
+) -> None:
+    for role in ({"filter": DEEP}, {"on_complete": "true", "transform": DEEP}):
+        callback = park(cluster, **role)
+        parked = row(cluster.engine, cluster.job)
+        with pytest.raises(awa_sa.ExpressionRefused, match="depth limit"):
+            awa_sa.resolve_callback(cluster.engine, callback, M, "complete")
+        assert row(cluster.engine, cluster.job) == parked
+        assert cluster.client.resolve_callback(callback, M, "complete").outcome == "completed"
 
 
 @pytest.mark.parametrize(("exprs", "payload", "default"), CASES.values(), ids=CASES.keys())

@@ -167,6 +167,8 @@ class Evaluator:
         self._literal = literal(payload)
         self._known: dict[str, tuple[Any, Any]] = {}
         named = list(expressions.items())
+        if not named:
+            return
         try:
             values = self._run("".join(_items(*pair) for pair in named), *named[0])
         except _Unknown:

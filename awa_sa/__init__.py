@@ -45,9 +45,12 @@ from awa_sa.callbacks.api import (
     complete_external,
     fail_external,
     heartbeat_callback,
+    resolve_callback,
     resume_external,
     retry_external,
 )
+from awa_sa.callbacks.cel_engine import CelUnavailable, ExpressionRefused
+from awa_sa.callbacks.resolve import Resolved
 from awa_sa.core.errors import (
     AmbiguousAttempt,
     AttemptNotFound,
@@ -111,6 +114,7 @@ __all__ = [
     "Cancel",
     "Cancelled",
     "CancelledDuplicate",
+    "CelUnavailable",
     "CompactReceipt",
     "Complete",
     "Completed",
@@ -120,6 +124,7 @@ __all__ = [
     "DuplicateJob",
     "Ending",
     "EnqueuedJob",
+    "ExpressionRefused",
     "Fail",
     "Failed",
     "InvalidSchemaName",
@@ -135,6 +140,7 @@ __all__ = [
     "QueueStorageJobs",
     "ReadOnlyTransaction",
     "Rescheduled",
+    "Resolved",
     "Result",
     "RetriedFailed",
     "RetryAfter",
@@ -171,6 +177,7 @@ __all__ = [
     "queue_stats",
     "reschedule_canonical_attempt",
     "reschedule_canonical_attempts",
+    "resolve_callback",
     "resume_external",
     "resume_queue",
     "retry_external",

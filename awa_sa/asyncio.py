@@ -48,6 +48,7 @@ from awa_sa.callbacks.api_async import (
     complete_external,
     fail_external,
     heartbeat_callback,
+    resolve_callback,
     resume_external,
     retry_external,
 )
@@ -96,6 +97,7 @@ __all__ = [
     "queue_stats",
     "reschedule_canonical_attempt",
     "reschedule_canonical_attempts",
+    "resolve_callback",
     "resume_external",
     "resume_queue",
     "retry_external",

@@ -53,6 +53,12 @@ from awa_sa.callbacks.statements.leases import (
     resume_lease,
     retry_callback_lease,
 )
+from awa_sa.callbacks.statements.resolve import (
+    fail_by_expression_canonical,
+    fail_lease_by_expression,
+    resolve_lease,
+    resolve_wait_canonical,
+)
 from awa_sa.core.registry import all_builders
 from awa_sa.enqueue.bulk import bulk_routing, bulk_write
 from awa_sa.enqueue.bulk_canonical import bulk_canonical
@@ -117,6 +123,8 @@ __all__ = [
     "ensure_lane_head",
     "ensure_lane_row",
     "ensure_lane_sequences",
+    "fail_by_expression_canonical",
+    "fail_lease_by_expression",
     "heartbeat_callback_canonical",
     "heartbeat_lease",
     "insert_cancelled",
@@ -133,6 +141,8 @@ __all__ = [
     "queue_stats_rows",
     "read_job",
     "read_routing",
+    "resolve_lease",
+    "resolve_wait_canonical",
     "resume_lease",
     "resume_queue_meta",
     "retry_callback_lease",

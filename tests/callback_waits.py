@@ -18,6 +18,8 @@ handler registers a callback (some flush a progress first) and returns ``WaitFor
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -25,7 +27,7 @@ from typing import Any, Literal
 
 import awa
 import sqlalchemy as sa
-from administering import pg_call, twin
+from administering import masked, pg_call, same_job, twin
 from conftest import QUIESCED_FLIP, run_awa
 from runtimes import pg_url, until_idle
 
@@ -89,11 +91,12 @@ def waiting(engine: sa.Engine, phase: Phase) -> int:
 
 
 async def handler(job: Any) -> Any:
-    """Registers a callback (after a flushed progress when asked) and parks on it."""
+    """Registers a callback (after a flushed progress when asked; with the CEL expressions of
+    its ``cel`` argument, if any) and parks on it."""
     if job.args.get("progress"):
         job.set_progress(50, "half way")
         await job.flush_progress()
-    token = await job.register_callback(timeout_seconds=3600)
+    token = await job.register_callback(timeout_seconds=3600, **job.args.get("cel", {}))
     return awa.WaitForCallback(token)
 
 
@@ -127,7 +130,8 @@ async def until_parked(engine: sa.Engine, phase: Phase, count: int) -> None:
 async def park(
     url: str, engine: sa.Engine, phase: Phase, jobs: Sequence[dict[str, Any]]
 ) -> list[int]:
-    """*jobs* (each its insert options, ``progress`` and ``queue`` too) parked in *phase*."""
+    """*jobs* (each its insert options, ``progress``, ``cel`` and ``queue`` too) parked in
+    *phase*."""
     client = awa.AsyncClient(pg_url(url))
     client.task(dict, kind="waits", queue="cb_q")(handler)
     client.task(dict, kind="waits", queue="cbc_q")(handler)
@@ -142,9 +146,11 @@ async def park(
 
     async def insert(n: int, options: dict[str, Any]) -> None:
         given = dict(options)
-        progress = given.pop("progress", False)
+        args: dict[str, Any] = {"n": n, "progress": given.pop("progress", False)}
+        if "cel" in given:
+            args["cel"] = given.pop("cel")
         given.setdefault("queue", "cb_q")
-        job = await client.insert({"n": n, "progress": progress}, kind="waits", **given)
+        job = await client.insert(args, kind="waits", **given)
         ids.append(job.id)
 
     try:
@@ -212,3 +218,32 @@ def parked_twins(
             engines.append(engine)
         assert made[0] == made[1]
         yield Parked(phase, (urls[0], urls[1]), (engines[0], engines[1]), made[0])
+
+
+def strict(a: Any, b: Any) -> bool:
+    """Equal, type for type (``1``, ``1.0`` and ``True`` apart, a float's sign too)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        if math.isnan(a):
+            return math.isnan(b)
+        return a == b and math.copysign(1, a) == math.copysign(1, b)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(map(strict, a, b))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(strict(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+def same_answer(got: Any, theirs: Any) -> None:
+    """awa-sa's ``Resolved`` says what awa-pg's ``ResolveResult`` says: outcome, reason, the
+    payload type for type, the job and its errors (clocks masked)."""
+    assert (got.outcome, got.reason) == (theirs.outcome, theirs.reason)
+    assert strict(got.payload, theirs.payload), (got.payload, theirs.payload)
+    if theirs.job is None:
+        assert got.job is None
+        return
+    assert got.job is not None
+    same_job(got.job, theirs.job)
+    ours, awa_pg = (json.dumps(job.errors, sort_keys=True) for job in (got.job, theirs.job))
+    assert masked(ours) == masked(awa_pg)

@@ -26,11 +26,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sqlalchemy import Connection, Engine
 
 from awa_sa.administer.statements.canonical import JobRow, job_rows
+from awa_sa.callbacks.expressions import DefaultAction
 from awa_sa.callbacks.queue_storage import (
     ended_on_queue_storage,
     heartbeat_on_queue_storage,
     resumed_on_queue_storage,
 )
+from awa_sa.callbacks.resolve import Resolved, resolved_step
 from awa_sa.callbacks.statements.canonical import (
     Verb,
     end_callback_canonical,
@@ -157,6 +159,19 @@ def resume_external_step(callback_id: object, payload: object = None) -> Step[Jo
     return ended_step("resume", binds)
 
 
+def resolve_callback_step(
+    callback_id: object,
+    payload: object = None,
+    default_action: object = "ignore",
+    run_lease: object = None,
+) -> Step[Resolved | None]:
+    """The validated step of :func:`resolve_callback`, for either face."""
+    binds = {"b_callback_id": callback_id_text(callback_id), "b_run_lease": _run_lease(run_lease)}
+    text = None if payload is None else payload_json(payload)
+    step: Step[Resolved | None] = resolved_step(binds, text, default_action)
+    return step
+
+
 def heartbeat_callback_step(callback_id: object, timeout: object) -> Step[JobRow | None]:
     """The validated step of :func:`heartbeat_callback`, for either face."""
     binds = {"b_callback_id": callback_id_text(callback_id), "b_timeout": timeout_seconds(timeout)}
@@ -250,3 +265,30 @@ def heartbeat_callback(
     """
     check_bind(bind)
     return administered(bind, heartbeat_callback_step(callback_id, timeout_seconds))
+
+
+def resolve_callback(
+    bind: Engine | Connection | Session,
+    callback_id: str | uuid.UUID,
+    payload: Any | None = None,
+    default_action: DefaultAction = "ignore",
+    *,
+    run_lease: int | None = None,
+) -> Resolved | None:
+    """Resolve callback *callback_id* by the expressions its handler registered with it
+    (``filter``, ``on_fail``, ``on_complete``, ``transform``: CEL, evaluated by awa-pg's own
+    engine), as awa-pg's ``Client.resolve_callback`` does: the job completed, failed, or left
+    waiting, *default_action* where no expression decides. Its :class:`Resolved`, or None
+    where awa-pg raises "callback not found". The states taken, ``bind`` and *run_lease* are
+    as for :func:`complete_external`.
+
+    A wait with expressions needs the ``callbacks-cel`` extra
+    (:class:`~awa_sa.callbacks.cel_engine.CelUnavailable` without it); an expression awa-sa
+    cannot evaluate exactly as awa-pg raises
+    :class:`~awa_sa.callbacks.cel_engine.ExpressionRefused`, with nothing written
+    (docs/callbacks.md#expressions).
+    """
+    check_bind(bind)
+    return administered(
+        bind, resolve_callback_step(callback_id, payload, default_action, run_lease)
+    )

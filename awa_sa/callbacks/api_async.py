@@ -7,6 +7,8 @@ from typing import Any
 from uuid import UUID
 
 from awa_sa.callbacks import api as callbacks
+from awa_sa.callbacks.expressions import DefaultAction
+from awa_sa.callbacks.resolve import Resolved
 from awa_sa.core.async_binds import AsyncBind, administered
 from awa_sa.core.job_rows import JobRow
 
@@ -56,3 +58,16 @@ async def heartbeat_callback(
 ) -> JobRow | None:
     """Async :func:`awa_sa.heartbeat_callback`; same arguments, result and errors."""
     return await administered(bind, callbacks.heartbeat_callback_step(callback_id, timeout_seconds))
+
+
+async def resolve_callback(
+    bind: AsyncBind,
+    callback_id: str | UUID,
+    payload: Any | None = None,
+    default_action: DefaultAction = "ignore",
+    *,
+    run_lease: int | None = None,
+) -> Resolved | None:
+    """Async :func:`awa_sa.resolve_callback`; same arguments, result and errors."""
+    step = callbacks.resolve_callback_step(callback_id, payload, default_action, run_lease)
+    return await administered(bind, step)

@@ -30,6 +30,7 @@ from awa_sa.callbacks.statements.leases import (
     resume_lease,
     retry_callback_lease,
 )
+from awa_sa.callbacks.statements.resolve import fail_lease_by_expression
 from awa_sa.core.errors import DatabaseError, QueueStorageJobs, UniqueConflict
 from awa_sa.settle.statements.receipt_settles import receipt_lock
 from awa_sa.tables.queue_storage import translate_map
@@ -50,10 +51,16 @@ _CLAIM = "idx_awa_jobs_unique"
 
 
 def ended_on_queue_storage(
-    conn: Connection, schema: str, verb: Verb, binds: Mapping[str, Any]
+    conn: Connection,
+    schema: str,
+    verb: Verb,
+    binds: Mapping[str, Any],
+    *,
+    by_expression: bool = False,
 ) -> JobRow | None:
     """End the wait on ``b_callback_id`` in *schema* as awa-pg does; None when no lease waits
-    on it in a state *verb* takes."""
+    on it in a state *verb* takes. A failure *by_expression* names ``b_expression`` in its
+    error entry (``resolve_callback``)."""
     options = {"schema_translate_map": translate_map(schema)}
     lease = conn.execute(callback_lease(verb=verb), binds, execution_options=options).first()
     if lease is None:
@@ -69,7 +76,8 @@ def ended_on_queue_storage(
     moved = claims.one()
     if moved.taken < moved.wanted:
         raise UniqueConflict(_CLAIM, f"a {ending} job's unique key is held by another job")
-    row = conn.execute(end_lease(ending=ending), held, execution_options=options).first()
+    ends = fail_lease_by_expression() if by_expression else end_lease(ending=ending)
+    row = conn.execute(ends, held, execution_options=options).first()
     if row is None:  # awa-pg's hydration fails there too; the caller's rollback undoes it
         raise DatabaseError(f"{schema}.leases row of job {lease.job_id} has no ready row")
     return JobRow(**done_job_fields(row), storage=schema)

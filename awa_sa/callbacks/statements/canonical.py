@@ -85,7 +85,8 @@ def seconds_from_now() -> ColumnElement[Any]:
     return func.make_interval(zero, zero, zero, zero, zero, zero, seconds, type_=INTERVAL)
 
 
-def _routing(routed: bool) -> Any:
+def routing_head(routed: bool) -> Any:
+    """The statement's first row: the routing schema read afresh (NULL while canonical)."""
     schema: ColumnElement[Any] = (
         func.awa.active_queue_storage_schema(type_=Text) if routed else cast(null(), Text)
     )
@@ -94,6 +95,32 @@ def _routing(routed: bool) -> Any:
 
 def _cleared() -> dict[str, Any]:
     return {name: null() for name in CALLBACK_COLUMNS}
+
+
+def failed_values(*, expression: bool) -> dict[str, Any]:
+    """The SET of awa-pg's UPDATE to ``failed``: the error entry ``{"error": b_error,
+    "attempt", "at"}`` appended, with ``"expression": b_expression`` where a callback's
+    ``on_fail`` expression failed it (``resolve_callback``)."""
+    fields: list[ColumnElement[Any]] = [
+        literal_column("'error'"),
+        cast(bindparam("b_error", type_=Text), Text),
+        literal_column("'attempt'"),
+        jobs_hot.c.attempt,
+        literal_column("'at'"),
+        rfc3339(func.now()),
+    ]
+    if expression:
+        named = cast(bindparam("b_expression", type_=Text), Text)
+        fields += [literal_column("'expression'"), named]
+    entry = func.jsonb_build_object(*fields, type_=JSONB)
+    return {
+        "state": state("failed"),
+        "finalized_at": func.now(),
+        **_cleared(),
+        "heartbeat_at": null(),
+        "deadline_at": null(),
+        "errors": appended(jobs_hot.c.errors, entry),
+    }
 
 
 def _set(verb: str) -> dict[str, Any]:
@@ -108,23 +135,7 @@ def _set(verb: str) -> dict[str, Any]:
             "progress": null(),
         }
     if verb == "fail":
-        entry = func.jsonb_build_object(
-            literal_column("'error'"),
-            cast(bindparam("b_error", type_=Text), Text),
-            literal_column("'attempt'"),
-            jobs_hot.c.attempt,
-            literal_column("'at'"),
-            rfc3339(func.now()),
-            type_=JSONB,
-        )
-        return {
-            "state": state("failed"),
-            "finalized_at": func.now(),
-            **_cleared(),
-            "heartbeat_at": null(),
-            "deadline_at": null(),
-            "errors": appended(jobs_hot.c.errors, entry),
-        }
+        return failed_values(expression=False)
     if verb == "resume":
         result = func.jsonb_build_object(
             literal_column("'_awa_callback_result'"), text_param_as("b_payload", JSONB)
@@ -152,12 +163,17 @@ def end_callback_canonical(*, routed: bool, verb: Verb) -> Select[Any]:
     NULL) as awa-pg's ``complete_external``, ``fail_external`` (``b_error``),
     ``retry_external`` or ``resume_external`` (``b_payload``) does: one UPDATE of
     ``jobs_hot`` (and a retry's NOTIFY to the job's queue), answered with the row after."""
-    head = _routing(routed)
+    return ended_canonical(routed, verb, _set(verb))
+
+
+def ended_canonical(routed: bool, verb: Verb, values: dict[str, Any]) -> Select[Any]:
+    """The body of :func:`end_callback_canonical`, with the SET *values*."""
+    head = routing_head(routed)
     unrouted = scalar(head, "routing_schema").is_(None)
     written = (
         update(jobs_hot)
         .where(picked(jobs_hot, verb), unrouted)
-        .values(_set(verb))
+        .values(values)
         .returning(*jobs_hot.c)
         .cte("written")
     )
@@ -174,7 +190,7 @@ def end_callback_canonical(*, routed: bool, verb: Verb) -> Select[Any]:
 def heartbeat_callback_canonical(*, routed: bool) -> Select[Any]:
     """Extend the canonical callback wait ``b_callback_id`` to ``b_timeout`` seconds from now,
     as awa-pg's ``heartbeat_callback``; answered with the row after."""
-    head = _routing(routed)
+    head = routing_head(routed)
     unrouted = scalar(head, "routing_schema").is_(None)
     timeout = func.now() + seconds_from_now()
     written = (

@@ -61,7 +61,8 @@ Ending = Literal["completed", "failed"]
 _LANE = ("ready_slot", "ready_generation", "queue", "enqueue_shard", "lane_seq", "job_id")
 
 
-def _ready_of(lease: Any) -> ColumnElement[bool]:
+def ready_of(lease: Any) -> ColumnElement[bool]:
+    """The lease's ready row, by its lane position."""
     ready = qs.ready_entries.c
     return and_(*(ready[name] == lease.c[name] for name in _LANE))
 
@@ -82,7 +83,7 @@ def callback_lease(*, verb: Verb) -> Select[Any]:
             ready.unique_key,
             ready.unique_states,
         )
-        .select_from(lease.outerjoin(qs.ready_entries, _ready_of(lease)))
+        .select_from(lease.outerjoin(qs.ready_entries, ready_of(lease)))
         .where(picked(lease, verb))
         .order_by(lease.c.run_lease.desc())
         .with_for_update(of=lease)
@@ -109,7 +110,7 @@ def ended_lease_claims(*, ending: Ending) -> Select[Any]:
     t = (
         select(lease.c.job_id, cast(lease.c.state, Text).label("state"), ready.unique_key)
         .add_columns(ready.unique_states)
-        .select_from(lease.join(qs.ready_entries, _ready_of(lease)))
+        .select_from(lease.join(qs.ready_entries, ready_of(lease)))
         .where(_locked("complete"), ready.unique_key.is_not(None))
         .cte("target")
     )
@@ -144,10 +145,10 @@ def ended_lease_claims(*, ending: Ending) -> Select[Any]:
     )
 
 
-def _ended_payload(ending: Ending, h: Any) -> ColumnElement[Any]:
+def _ended_payload(ending: Ending, h: Any, expression: bool) -> ColumnElement[Any]:
     """The done row's payload: the progress dropped for a completion; for a failure the
     flushed progress kept and the error entry appended (``b_error``, the attempt, the clock,
-    ``terminal``)."""
+    ``terminal``, and with *expression* the ``b_expression`` that failed it)."""
     if ending == "completed":
         dropped: ColumnElement[Any] = h.c.payload.op("-", return_type=JSONB)(
             text_literal("progress")
@@ -162,6 +163,11 @@ def _ended_payload(ending: Ending, h: Any) -> ColumnElement[Any]:
         rfc3339(func.clock_timestamp()),
         text_literal("terminal"),
         true(),
+        *(
+            (text_literal("expression"), cast(bindparam("b_expression", type_=Text), Text))
+            if expression
+            else ()
+        ),
         type_=JSONB,
     )
     errors = concat(json_key(h.c.payload, "errors", EMPTY_ARRAY), func.jsonb_build_array(entry))
@@ -173,9 +179,14 @@ def end_lease(*, ending: Ending) -> Select[Any]:
     """End the locked lease (``b_job_id``, ``b_lease``) as *ending*, as awa-pg's
     ``complete_external`` or ``fail_external`` does; answers the done row with what it shares
     with its ready row, or no row when the lease or its ready row is gone."""
+    return ended_lease(ending, expression=False)
+
+
+def ended_lease(ending: Ending, *, expression: bool) -> Select[Any]:
+    """The body of :func:`end_lease`; with *expression*, a failure's entry names it."""
     gone, h = hydrated(_locked("complete"))
     done = qs.done_entries
-    payload = _ended_payload(ending, h)
+    payload = _ended_payload(ending, h, expression)
     same_as_ready = and_(h.c.ready_priority == h.c.priority, payload == h.c.ready_payload)
     stored = case((or_(payload == EMPTY_OBJECT, same_as_ready), cast(null(), JSONB)), else_=payload)
     carried = ("ready_slot", "ready_generation", "job_id", "kind", "queue", "priority", "attempt")
@@ -243,7 +254,7 @@ def _lease_answer(lease: Any, attempt: Any) -> Select[Any]:
         attempt.c.progress,
         attempt.c.callback_result,
     ).select_from(
-        lease.join(ready, _ready_of(lease)).outerjoin(
+        lease.join(ready, ready_of(lease)).outerjoin(
             attempt,
             and_(attempt.c.job_id == lease.c.job_id, attempt.c.run_lease == lease.c.run_lease),
         )

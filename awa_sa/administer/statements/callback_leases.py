@@ -11,7 +11,7 @@ receipt as ``rescue`` (a closure row, and ``closed_at``). Then the cancel files 
 appends its ``+1`` terminal delta, releases the unique claim where the mask claimed the lease's
 state and does not claim ``cancelled``, and sends the ``awa:cancel`` NOTIFY; the retry
 enqueues the job again as a failed job's retry does
-(:func:`~awa_sa.administer.statements.failed_retry.enqueued_again`), after its claim
+(:func:`~awa_sa.administer.statements.requeue.enqueued_again`), after its claim
 (:func:`lease_claims_retried`). awa-pg's bulk retry of failed jobs retries each matched job's
 wait this way, where it has one, and leaves that job's failed row (:func:`resumed_targets`,
 :func:`retry_done_resuming`). Observed on a real cluster and compared (docs/administer.md).
@@ -51,10 +51,10 @@ from awa_sa.administer.statements.canonical import cancel_notice
 from awa_sa.administer.statements.failed_retry import (
     claims_moved,
     close_removed_receipts,
-    enqueued_again,
     failed_jobs,
     failed_removed,
 )
+from awa_sa.administer.statements.requeue import enqueued_again
 from awa_sa.core.registry import statement
 from awa_sa.core.sql import EMPTY_ARRAY, EMPTY_OBJECT, concat, state
 from awa_sa.settle.statements.duplicate import insert_terminal_delta

@@ -38,6 +38,7 @@ from awa_sa.administer.statements.deferred import (
     deferred_lane,
 )
 from awa_sa.administer.statements.dlq import list_dlq_rows, move_to_dlq, purge_dlq_rows
+from awa_sa.administer.statements.dlq_retry import dlq_retry_deferred, dlq_retry_ready
 from awa_sa.administer.statements.failed_discard import discard_failed_qs
 from awa_sa.administer.statements.failed_retry import retry_done, retry_targets
 from awa_sa.administer.statements.queue_control import pause_queue_meta, resume_queue_meta
@@ -108,6 +109,8 @@ __all__ = [
     "deferred_lane",
     "discard_failed_canonical",
     "discard_failed_qs",
+    "dlq_retry_deferred",
+    "dlq_retry_ready",
     "drain_queue_canonical",
     "drain_targets",
     "end_attempts",

@@ -41,6 +41,7 @@ from awa_sa.administer.statements.dlq import list_dlq_rows, move_to_dlq, purge_d
 from awa_sa.administer.statements.dlq_retry import dlq_retry_deferred, dlq_retry_ready
 from awa_sa.administer.statements.failed_discard import discard_failed_qs
 from awa_sa.administer.statements.failed_retry import retry_done, retry_targets
+from awa_sa.administer.statements.lanes import ensure_shard_head, ensure_shard_sequences
 from awa_sa.administer.statements.queue_control import pause_queue_meta, resume_queue_meta
 from awa_sa.callbacks.statements.canonical import (
     end_callback_canonical,
@@ -120,6 +121,8 @@ __all__ = [
     "ensure_lane_head",
     "ensure_lane_row",
     "ensure_lane_sequences",
+    "ensure_shard_head",
+    "ensure_shard_sequences",
     "heartbeat_callback_canonical",
     "heartbeat_lease",
     "insert_cancelled",

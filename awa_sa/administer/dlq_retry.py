@@ -6,7 +6,8 @@ the bind's transaction, after the routing lock: a service can put a job back to 
 same commit as the fix that makes it worth running again, and a rollback leaves it in the DLQ.
 The order is the other queue-storage retries' (:mod:`awa_sa.administer.queue_storage`): the
 rows locked and the refusals read while nothing is written, the claims, each lane ensured, the
-ring cursor, then one statement. While routing is canonical there is no DLQ, and each call
+ring cursor, then one statement; each lane's enqueue shard picked as awa-pg's call picks it.
+While routing is canonical there is no DLQ, and each call
 raises :class:`~awa_sa.core.errors.ValidationError`, as awa-pg raises its own.
 """
 
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, Engine
 
 from awa_sa.administer.api import Step, _job_id, _text
-from awa_sa.administer.callback_leases import ready_ring
+from awa_sa.administer.callback_leases import ready_ring, shard_binds, shards_picked
 from awa_sa.administer.dead_letters import _filters, _opts, _schema, _scoped
 from awa_sa.administer.queue_storage import ready_job_fields
 from awa_sa.administer.statements.deferred import done_job_fields
@@ -29,9 +30,8 @@ from awa_sa.administer.statements.dlq_retry import (
     dlq_retry_ready,
     dlq_retry_targets,
 )
-from awa_sa.administer.statements.failed_retry import sharded_queues
 from awa_sa.core.binds import administered, check_bind
-from awa_sa.core.errors import QueueStorageJobs, UniqueConflict, ValidationError
+from awa_sa.core.errors import UniqueConflict, ValidationError
 from awa_sa.core.job_rows import JobRow
 
 if TYPE_CHECKING:
@@ -57,19 +57,17 @@ def _run_at(run_at: object) -> datetime | None:
 
 
 def _revived(
-    conn: Connection, schema: str, verb: str, targets: Sequence[Any], binds: Mapping[str, Any]
+    conn: Connection, schema: str, targets: Sequence[Any], binds: Mapping[str, Any]
 ) -> list[JobRow]:
-    """The locked DLQ rows *targets* written back as jobs: the claims, then (due now) the
-    lanes and the ring cursor, then one statement; the new rows by id."""
+    """The locked DLQ rows *targets* written back as jobs: (due now) each lane's enqueue
+    shard picked, the claims, then (due now) the lanes and the ring cursor, then one
+    statement; the new rows by id."""
     options = _opts(schema)
     lanes = sorted({(t.to_queue, int(t.to_priority)) for t in targets})
     deferred = bool(targets[0].deferred)
-    if not deferred:  # a scheduled row enters no lane
-        sharded = conn.execute(sharded_queues(), {"b_queues": [q for q, _ in lanes]})
-        found = sharded.scalars().first()
-        if found is not None:
-            why = f"queue {found!r} has more than one enqueue shard (awa-pg's pick is its own)"
-            raise QueueStorageJobs(verb, schema, why)
+    shards: dict[tuple[str, int], int] = {}
+    if not deferred:  # awa-pg's one insert: one pick per lane, in lane order
+        shards = dict(zip(lanes, shards_picked(conn, [q for q, _ in lanes]), strict=True))
     ids = {"b_job_ids": [int(t.job_id) for t in targets]}
     claims = conn.execute(dlq_retry_claims(deferred=deferred), ids, execution_options=options)
     moved = claims.one()
@@ -82,9 +80,11 @@ def _revived(
         rows = conn.execute(dlq_retry_deferred(), written, execution_options=options).all()
         fields = [done_job_fields(row, unique_states=None) for row in rows]
     else:
-        ring = ready_ring(conn, schema, lanes)
+        ring = ready_ring(conn, schema, [(q, p, shards[q, p]) for q, p in lanes])
         written["b_ready_slot"] = ring.current_slot
         written["b_ready_generation"] = ring.generation
+        placed = {int(t.job_id): shards[t.to_queue, int(t.to_priority)] for t in targets}
+        written.update(shard_binds(placed))
         rows = conn.execute(dlq_retry_ready(), written, execution_options=options).all()
         fields = [ready_job_fields(row) for row in rows]
     return [JobRow(**f, storage=schema) for f in fields]
@@ -107,7 +107,7 @@ def retry_from_dlq_step(
         targets = found.all()
         if not targets:
             return None
-        return _revived(conn, schema, "retry_from_dlq", targets, binds)[0]
+        return _revived(conn, schema, targets, binds)[0]
 
     return step
 
@@ -125,7 +125,7 @@ def bulk_retry_from_dlq_step(
         targets = found.all()
         if not targets:
             return 0
-        return len(_revived(conn, schema, "bulk_retry_from_dlq", targets, {}))
+        return len(_revived(conn, schema, targets, {}))
 
     return step
 

@@ -354,7 +354,8 @@ def retry_done_resuming() -> Select[Any]:
     """:func:`~awa_sa.administer.statements.failed_retry.retry_done` for the failed rows of
     ``b_job_ids``, and :func:`retry_lease` for the callback waits of ``b_lease_ids`` (their
     failed rows left as they are, as awa-pg leaves them), every job enqueued again in one id
-    order, as awa-pg's job-by-job loop numbers them; answers the new ready rows by id."""
+    order, as awa-pg's job-by-job loop numbers them, each on the shard picked for it
+    (``b_shard_ids``, ``b_shards``); answers the new ready rows by id."""
     removed, effects = failed_removed()
     gone, h = _hydrated("retry", many=True)
     carried = (
@@ -374,6 +375,6 @@ def retry_done_resuming() -> Select[Any]:
         select(*(removed.c[name] for name in carried)),
         select(*(h.c[name] for name in carried)),
     ).cte("retried")
-    enqueued, enqueuing, told = enqueued_again(both)
+    enqueued, enqueuing, told = enqueued_again(both, sharded=True)
     answer = select(*enqueued.c, told.label("told")).order_by(enqueued.c.job_id)
     return answer.add_cte(*effects, *receipts_closed(gone, prefix="lease_"), *enqueuing)

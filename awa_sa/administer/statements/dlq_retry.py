@@ -166,9 +166,10 @@ def _revived() -> CTE:
 @statement
 def dlq_retry_ready() -> Select[Any]:
     """Delete the locked DLQ rows ``b_job_ids`` and enqueue each job again at the ring cursor
-    (``b_ready_slot``, ...), due now; answers the new ready rows by id."""
+    (``b_ready_slot``, ...), due now, on the enqueue shard picked for its lane (``b_shard_ids``,
+    ``b_shards``; else 0); answers the new ready rows by id."""
     revived = _revived()
-    enqueued, enqueuing, told = enqueued_again(revived, order=revived.c.ord, one_insert=True)
+    enqueued, enqueuing, told = enqueued_again(revived, order="ord", one_insert=True, sharded=True)
     return select(*enqueued.c, told.label("told")).order_by(enqueued.c.job_id).add_cte(*enqueuing)
 
 

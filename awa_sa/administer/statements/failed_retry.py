@@ -50,7 +50,7 @@ from awa_sa.settle.statements.duplicate import counter_bucket
 from awa_sa.settle.statements.receipt_writes import claims_in
 from awa_sa.tables import queue_storage as qs
 from awa_sa.tables.canonical import job_unique_claims
-from awa_sa.tables.runtime import queue_meta, queue_terminal_rollups
+from awa_sa.tables.runtime import queue_terminal_rollups
 
 By = Literal["job", "kind", "queue"]
 RETRIABLE = ("failed", "cancelled")
@@ -129,17 +129,6 @@ def pruned_failed() -> Select[Any]:
     total = func.coalesce(func.sum(r.pruned_failed_count), literal_column("0"))
     return select(cast(total, BigInteger).label("pruned")).where(
         r.queue == bindparam("b_key", type_=Text)
-    )
-
-
-@statement
-def sharded_queues() -> Select[Any]:
-    """Queues of ``b_queues`` with more than one enqueue shard (awa-pg picks one by a rotor
-    of its own process there, which awa-sa cannot follow)."""
-    m = queue_meta.c
-    queues = bindparam("b_queues", type_=ARRAY(Text))
-    return select(m.queue).where(
-        m.queue == func.any(queues), m.enqueue_shards > literal_column("1")
     )
 
 
@@ -282,10 +271,10 @@ def removed_deltas(removed: Any, *, summed: bool) -> CTE:
 @statement
 def retry_done() -> Select[Any]:
     """Delete the locked rows, close their receipts, append their deltas, and enqueue each
-    job again on shard 0 of its lane at the ring cursor (``b_ready_slot``, ...); answers the
-    new ready rows by id."""
+    job again on its lane at the ring cursor (``b_ready_slot``, ...), on the enqueue shard
+    picked for it (``b_shard_ids``, ``b_shards``; else 0); answers the new ready rows by id."""
     proj, effects = failed_removed()
-    enqueued, enqueuing, told = enqueued_again(proj)
+    enqueued, enqueuing, told = enqueued_again(proj, sharded=True)
     answer = select(*enqueued.c, told.label("told")).order_by(enqueued.c.job_id)
     return answer.add_cte(*effects, *enqueuing)
 

@@ -23,12 +23,13 @@ from sqlalchemy import (
     bindparam,
     case,
     cast,
+    column,
     func,
     insert,
     literal_column,
     select,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from awa_sa.core.sql import EMPTY_OBJECT, SHARD0
@@ -43,35 +44,41 @@ def enqueued_again(
     proj: CTE,
     *,
     attempted: bool = False,
-    order: ColumnElement[Any] | None = None,
+    order: str = "job_id",
     one_insert: bool = False,
+    sharded: bool = False,
 ) -> tuple[CTE, list[CTE], Any]:
-    """Each job of *proj* enqueued again on shard 0 of its lane at the ring cursor
-    (``b_ready_slot``, ...), ``attempt = 0`` and ``run_at`` now, under its own id and run
-    lease: the new ready rows, the CTEs that write their segments, and the count of queues told
-    (their NOTIFYs). ``attempted_at`` is NULL, or with *attempted* the one of *proj* (awa-pg's
-    ``retry_external`` keeps the wait's).
+    """Each job of *proj* enqueued again on its lane at the ring cursor (``b_ready_slot``,
+    ...), ``attempt = 0`` and ``run_at`` now, under its own id and run lease: the new ready
+    rows, the CTEs that write their segments, and the count of queues told (their NOTIFYs).
+    ``attempted_at`` is NULL, or with *attempted* the one of *proj* (awa-pg's
+    ``retry_external`` keeps the wait's). The lane's shard is 0, or with *sharded* the one
+    bound for the job (``b_shard_ids`` with ``b_shards``; 0 for a job not named there).
 
-    The lane numbers follow the jobs' ids, or *order* (a column of *proj*). awa-pg's retries go
-    job by job: a clock and a segment per job, each queue told when its first job (by id) is
-    written. With *one_insert*, as awa-pg's DLQ retry writes all its rows in one insert: one
-    clock for every row, one segment per lane, the queues told in name order (its sorted set
-    of channels)."""
-    lanes = select(proj.c.queue, proj.c.priority, func.count().label("n")).group_by(
-        proj.c.queue, proj.c.priority
+    The lane numbers follow the jobs' ids, or *order* (the name of a column of *proj*).
+    awa-pg's retries go job by job: a clock and a segment per job, each queue told when its
+    first job (by id) is written. With *one_insert*, as awa-pg's DLQ retry writes all its rows
+    in one insert: one clock for every row, one segment per lane, the queues told in name
+    order (its sorted set of channels)."""
+    if sharded:
+        proj = _placed(proj)
+    shard = proj.c.enqueue_shard if sharded else SHARD0
+    lane = [proj.c.queue, proj.c.priority, *([shard] if sharded else [])]
+    lanes_cte = select(*lane, func.count().label("n")).group_by(*lane).cte("lanes")
+    lane_shard = lanes_cte.c.enqueue_shard if sharded else SHARD0
+    first = qs.reserve_enqueue_seq(
+        lanes_cte.c.queue, lanes_cte.c.priority, lane_shard, lanes_cte.c.n
     )
-    lanes_cte = lanes.cte("lanes")
-    first = qs.reserve_enqueue_seq(lanes_cte.c.queue, lanes_cte.c.priority, SHARD0, lanes_cte.c.n)
     reserved = (
-        select(lanes_cte.c.queue, lanes_cte.c.priority, cast(first, BigInteger).label("first_seq"))
+        select(
+            *(lanes_cte.c[c.name] for c in lane),
+            cast(first, BigInteger).label("first_seq"),
+        )
         .cte("reserved")
         .prefix_with("MATERIALIZED")
     )
     ready = qs.ready_entries
-    numbered = func.row_number().over(
-        partition_by=(proj.c.queue, proj.c.priority),
-        order_by=proj.c.job_id if order is None else order,
-    )
+    numbered = func.row_number().over(partition_by=lane, order_by=proj.c[order])
     now = select(func.clock_timestamp()).scalar_subquery() if one_insert else func.clock_timestamp()
     payload = case((proj.c.payload == EMPTY_OBJECT, None), else_=proj.c.payload)
     values: dict[str, ColumnElement[Any]] = {
@@ -86,7 +93,7 @@ def enqueued_again(
         "run_lease": proj.c.run_lease,
         "max_attempts": proj.c.max_attempts,
         "lane_seq": reserved.c.first_seq + numbered - literal_column("1"),
-        "enqueue_shard": SHARD0,
+        "enqueue_shard": shard,
         "run_at": now,
         "attempted_at": proj.c.attempted_at if attempted else cast(None, Timestamp),
         "created_at": proj.c.created_at,
@@ -95,9 +102,7 @@ def enqueued_again(
         "payload": cast(payload, JSONB),
     }
     source = select(*(values[c.name].label(c.name) for c in ready.c)).select_from(
-        proj.join(
-            reserved, and_(reserved.c.queue == proj.c.queue, reserved.c.priority == proj.c.priority)
-        )
+        proj.join(reserved, and_(*(reserved.c[c.name] == c for c in lane)))
     )
     enqueued = (
         insert(ready)
@@ -141,3 +146,20 @@ def _segments(enqueued: CTE, per_lane: bool) -> Any:
         (func.max(e.lane_seq) + literal_column("1")).label("next_lane_seq"),
         func.min(e.run_at).label("first_run_at"),
     ).group_by(*key)
+
+
+def _placed(proj: CTE) -> CTE:
+    """*proj* with each job's new ``enqueue_shard`` (in place of its old one, where it has
+    one): the one bound for it, else 0."""
+    ids = bindparam("b_shard_ids", type_=ARRAY(BigInteger))
+    shards = bindparam("b_shards", type_=ARRAY(SmallInteger))
+    picks = func.unnest(ids, shards).table_valued(
+        column("job_id", BigInteger), column("enqueue_shard", SmallInteger)
+    )
+    bound = picks.render_derived(name="picks")
+    shard = func.coalesce(bound.c.enqueue_shard, SHARD0, type_=SmallInteger)
+    return (
+        select(*(c for c in proj.c if c.name != "enqueue_shard"), shard.label("enqueue_shard"))
+        .select_from(proj.outerjoin(bound, bound.c.job_id == proj.c.job_id))
+        .cte("placed")
+    )

@@ -40,6 +40,7 @@ from awa_sa.administer.dead_letters import (
     purge_dlq,
     purge_dlq_job,
 )
+from awa_sa.administer.dlq_retry import bulk_retry_from_dlq, retry_from_dlq
 from awa_sa.administer.queue_control import drain_queue, pause_queue, resume_queue
 from awa_sa.callbacks.api import (
     complete_external,
@@ -155,6 +156,7 @@ __all__ = [
     "ValidationError",
     "attempt_of",
     "bulk_move_failed_to_dlq",
+    "bulk_retry_from_dlq",
     "cancel_by_unique_key",
     "cancel_job",
     "complete_external",
@@ -182,6 +184,7 @@ __all__ = [
     "resume_queue",
     "retry_external",
     "retry_failed",
+    "retry_from_dlq",
     "retry_job",
     "running_attempts",
     "settle",

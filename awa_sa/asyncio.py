@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from awa_sa.administer.api_async import (
     bulk_move_failed_to_dlq,
+    bulk_retry_from_dlq,
     cancel_by_unique_key,
     cancel_job,
     discard_failed,
@@ -42,6 +43,7 @@ from awa_sa.administer.api_async import (
     purge_dlq_job,
     resume_queue,
     retry_failed,
+    retry_from_dlq,
     retry_job,
 )
 from awa_sa.callbacks.api_async import (
@@ -76,6 +78,7 @@ _T = TypeVar("_T")
 __all__ = [
     "attempt_of",
     "bulk_move_failed_to_dlq",
+    "bulk_retry_from_dlq",
     "cancel_by_unique_key",
     "cancel_job",
     "complete_external",
@@ -102,6 +105,7 @@ __all__ = [
     "resume_queue",
     "retry_external",
     "retry_failed",
+    "retry_from_dlq",
     "retry_job",
     "running_attempts",
     "settle",

@@ -38,8 +38,10 @@ from awa_sa.administer.statements.deferred import (
     deferred_lane,
 )
 from awa_sa.administer.statements.dlq import list_dlq_rows, move_to_dlq, purge_dlq_rows
+from awa_sa.administer.statements.dlq_retry import dlq_retry_deferred, dlq_retry_ready
 from awa_sa.administer.statements.failed_discard import discard_failed_qs
 from awa_sa.administer.statements.failed_retry import retry_done, retry_targets
+from awa_sa.administer.statements.lanes import ensure_shard_head, ensure_shard_sequences
 from awa_sa.administer.statements.queue_control import pause_queue_meta, resume_queue_meta
 from awa_sa.callbacks.statements.canonical import (
     end_callback_canonical,
@@ -114,6 +116,8 @@ __all__ = [
     "deferred_lane",
     "discard_failed_canonical",
     "discard_failed_qs",
+    "dlq_retry_deferred",
+    "dlq_retry_ready",
     "drain_queue_canonical",
     "drain_targets",
     "end_attempts",
@@ -123,6 +127,8 @@ __all__ = [
     "ensure_lane_head",
     "ensure_lane_row",
     "ensure_lane_sequences",
+    "ensure_shard_head",
+    "ensure_shard_sequences",
     "fail_by_expression_canonical",
     "fail_lease_by_expression",
     "heartbeat_callback_canonical",

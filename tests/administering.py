@@ -68,6 +68,15 @@ def change(before: dict[str, list[str]], after: dict[str, list[str]]) -> dict[st
     }
 
 
+def differing(sa_change: dict[str, Any], pg_change: dict[str, Any]) -> dict[str, Any]:
+    """The tables whose change differs between the twins: awa-sa's change, then awa-pg's."""
+    return {
+        table: (sa_change.get(table), pg_change.get(table))
+        for table in sorted(set(sa_change) | set(pg_change))
+        if sa_change.get(table) != pg_change.get(table)
+    }
+
+
 def pg_call(url: str, call: Callable[[awa.AsyncClient], Any]) -> Any:
     """*call* on a new awa-pg client of its own."""
 
@@ -143,7 +152,8 @@ def twins(
     got_pg, pg_heard = heard(urls[0], channels, lambda: pg_call(urls[0], on_pg))
     got_sa, sa_heard = heard(urls[1], channels, lambda: sa_call(engines[1], on_sa))
     changed = change(before[1], snapshot(engines[1], schemas))
-    assert changed == change(before[0], snapshot(engines[0], schemas))
+    pg_changed = change(before[0], snapshot(engines[0], schemas))
+    assert changed == pg_changed, differing(changed, pg_changed)
     assert sa_heard == pg_heard
     assert business(engines[1]) == paid + 1
     return got_pg, got_sa, changed, sa_heard

@@ -8,7 +8,7 @@ from typing import Any
 
 from awa_sa.administer import api as administer
 from awa_sa.administer import dead_letters as dlq
-from awa_sa.administer import queue_control
+from awa_sa.administer import dlq_retry, queue_control
 from awa_sa.administer.dead_letters import DlqEntry
 from awa_sa.core.async_binds import AsyncBind, administered
 from awa_sa.core.job_rows import JobRow
@@ -132,3 +132,28 @@ async def purge_dlq(
 async def purge_dlq_job(bind: AsyncBind, job_id: int) -> bool:
     """Async :func:`awa_sa.purge_dlq_job`; same arguments, result and errors."""
     return await administered(bind, dlq.purge_dlq_job_step(job_id))
+
+
+async def retry_from_dlq(
+    bind: AsyncBind,
+    job_id: int,
+    *,
+    run_at: datetime | None = None,
+    priority: int | None = None,
+    queue: str | None = None,
+) -> JobRow | None:
+    """Async :func:`awa_sa.retry_from_dlq`; same arguments, result and errors."""
+    return await administered(bind, dlq_retry.retry_from_dlq_step(job_id, run_at, priority, queue))
+
+
+async def bulk_retry_from_dlq(
+    bind: AsyncBind,
+    *,
+    kind: str | None = None,
+    queue: str | None = None,
+    tag: str | None = None,
+    allow_all: bool = False,
+) -> int:
+    """Async :func:`awa_sa.bulk_retry_from_dlq`; same arguments, result and errors."""
+    step = dlq_retry.bulk_retry_from_dlq_step(kind, queue, tag, allow_all)
+    return await administered(bind, step)

@@ -4,12 +4,14 @@ The flow around :mod:`awa_sa.administer.statements.callback_leases` (docs/admini
 locked and the refusals read while nothing is written, then one statement for a cancel; for a retry
 the claim, the lane steps and the ring cursor first, as for a failed job's retry
 (:mod:`awa_sa.administer.queue_storage`). Both run after the routing lock, in the caller's
-transaction.
+transaction. Every queue-storage retry ensures its lanes (any enqueue shard) and reads the
+ring here, its shards picked as awa-pg's administering call picks them
+(:mod:`awa_sa.administer.statements.lanes`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection
@@ -23,7 +25,11 @@ from awa_sa.administer.statements.callback_leases import (
 )
 from awa_sa.administer.statements.canonical import JobRow
 from awa_sa.administer.statements.deferred import done_job_fields
-from awa_sa.administer.statements.failed_retry import sharded_queues
+from awa_sa.administer.statements.lanes import (
+    ensure_shard_head,
+    ensure_shard_sequences,
+    sharded_queues,
+)
 from awa_sa.core.compiled import run
 from awa_sa.core.errors import DatabaseError, QueueStorageJobs, UniqueConflict
 from awa_sa.settle.statements.duplicate import (
@@ -34,16 +40,21 @@ from awa_sa.settle.statements.duplicate import (
     LANE_LOCK,
     RING_CURSOR,
     Lane,
+    lane_lock,
 )
 from awa_sa.tables.canonical import JOB_STATES
 from awa_sa.tables.queue_storage import translate_map
 
 
-def ready_ring(conn: Connection, schema: str, lanes: Iterable[tuple[str, int]]) -> Any:
-    """The ring's cursor, once each lane a job goes back to is locked and has the rows
-    awa-pg's enqueue makes for it: where a retried job's ready row goes."""
-    for queue, priority in sorted(set(lanes)):
+def ready_ring(conn: Connection, schema: str, lanes: Iterable[tuple[str, int, int]]) -> Any:
+    """The ring's cursor, once each lane ``(queue, priority, shard)`` a job goes back to is
+    locked and has the rows awa-pg's enqueue makes for it: where a retried job's ready row
+    goes. Shard 0 with the settle's lane steps, another with the same steps for that shard."""
+    for queue, priority, shard in sorted(set(lanes)):
         lane = Lane(schema, queue, priority)
+        if shard:
+            _ensure_shard(conn, lane, shard)
+            continue
         run(conn, LANE_LOCK, lane)
         for ensure in (ENSURE_LANE_ROW, ENSURE_ENQUEUE_HEAD, ENSURE_CLAIM_HEAD):
             run(conn, ensure, lane, schema)
@@ -52,6 +63,39 @@ def ready_ring(conn: Connection, schema: str, lanes: Iterable[tuple[str, int]]) 
     if ring is None:
         raise DatabaseError(f"{schema}.queue_ring_state has no singleton row")
     return ring
+
+
+def _ensure_shard(conn: Connection, lane: Lane, shard: int) -> None:
+    """awa-pg's lane steps for a shard other than 0: its lock key and head rows name it."""
+    conn.execute(lane_lock(), {"b_lane_key": f"{lane.schema}:{lane.queue}:{lane.priority}:{shard}"})
+    run(conn, ENSURE_LANE_ROW, lane, lane.schema)
+    options = {"schema_translate_map": translate_map(lane.schema)}
+    binds = {"b_queue": lane.queue, "b_priority": lane.priority, "b_enqueue_shard": shard}
+    for table in ("enqueue", "claim"):
+        conn.execute(ensure_shard_head(table=table), binds, execution_options=options)
+    conn.execute(ensure_shard_sequences(), binds, execution_options=options)
+
+
+def shards_picked(conn: Connection, queues: Sequence[str]) -> list[int]:
+    """The enqueue shard of each pick of a call, *queues* in the call's pick order, as awa-pg's
+    administering call picks them: its rotor starts at 0 and moves once per pick onto a queue
+    with more than one enqueue shard, which gets ``pick mod shards``; any other queue, 0."""
+    counts: dict[str, int] = {}
+    if len(queues) > 1:  # a first pick is 0 whatever the count: one job needs no read
+        found = conn.execute(sharded_queues(), {"b_queues": sorted(set(queues))}).all()
+        counts = {row.queue: int(row.enqueue_shards) for row in found}
+    picks, rotor = [], 0
+    for queue in queues:
+        shards = counts.get(queue, 1)
+        picks.append(rotor % shards if shards > 1 else 0)
+        rotor += shards > 1
+    return picks
+
+
+def shard_binds(shards: Mapping[int, int]) -> dict[str, list[int]]:
+    """``b_shard_ids`` and ``b_shards``: the jobs of *shards* (job id to shard) not on 0."""
+    placed = sorted((job_id, shard) for job_id, shard in shards.items() if shard)
+    return {"b_shard_ids": [j for j, _ in placed], "b_shards": [s for _, s in placed]}
 
 
 def _lease(conn: Connection, schema: str, job_id: int, verb: Verb) -> Any:
@@ -95,15 +139,12 @@ def retried_lease(conn: Connection, schema: str, job_id: int) -> JobRow | None:
     lease = _lease(conn, schema, job_id, "retry")
     if lease is None:
         return None
-    if conn.execute(sharded_queues(), {"b_queues": [lease.queue]}).first() is not None:
-        why = f"queue {lease.queue!r} has more than one enqueue shard (awa-pg's pick is its own)"
-        raise QueueStorageJobs("retry_job", schema, why)
     options = {"schema_translate_map": translate_map(schema)}
     ids = {"b_job_ids": [job_id]}
     claims = conn.execute(lease_claims_retried(), ids, execution_options=options).one()
     if claims.taken < claims.wanted:
         raise UniqueConflict("idx_awa_jobs_unique", "a retried job's unique key is held")
-    ring = ready_ring(conn, schema, [(lease.queue, lease.priority)])
+    ring = ready_ring(conn, schema, [(lease.queue, lease.priority, 0)])  # one pick: shard 0
     at_ring = {
         "b_job_id": job_id,
         "b_ready_slot": ring.current_slot,

@@ -1,10 +1,11 @@
 """Retrying and discarding failed jobs once routing points at a queue-storage schema.
 
 The flow of :mod:`awa_sa.administer.statements.failed_retry` and
-:mod:`~awa_sa.administer.statements.failed_discard` (docs/administer.md): refusals first, while
-nothing is written, then the receipts' advisory locks, the claims, each lane ensured as awa-pg
-ensures it (:mod:`awa_sa.settle.statements.duplicate`'s steps), the ring cursor, and one statement
-that writes every job; a matched job that also waits on a callback has that wait retried in the
+:mod:`~awa_sa.administer.statements.failed_discard` (docs/administer.md): the targets locked
+while nothing is written, the enqueue shard of each job picked as awa-pg's call picks it, then the
+receipts' advisory locks, the claims, each lane ensured as awa-pg ensures it
+(:mod:`awa_sa.administer.statements.lanes`), the ring cursor, and one statement that writes every
+job; a matched job that also waits on a callback has that wait retried in the
 same statement, as awa-pg's bulk retry does
 (:func:`~awa_sa.administer.statements.callback_leases.retry_done_resuming`). The lane's enqueue
 sequence advances outside the transaction, as awa-pg's and Awa's own SQL producer's do: a rollback
@@ -18,7 +19,12 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from awa_sa.administer.callback_leases import ready_ring, retried_lease
+from awa_sa.administer.callback_leases import (
+    ready_ring,
+    retried_lease,
+    shard_binds,
+    shards_picked,
+)
 from awa_sa.administer.statements.callback_leases import (
     lease_claims_retried,
     resumed_targets,
@@ -33,14 +39,11 @@ from awa_sa.administer.statements.failed_retry import (
     retry_claims,
     retry_done,
     retry_targets,
-    sharded_queues,
 )
-from awa_sa.core.errors import QueueStorageJobs, UniqueConflict
+from awa_sa.core.errors import UniqueConflict
 from awa_sa.core.job_rows import JobRow
 from awa_sa.settle.statements.receipt_settles import receipt_lock
 from awa_sa.tables.queue_storage import translate_map
-
-VERBS = {"job": "retry_job", "kind": "retry_failed", "queue": "retry_failed"}
 
 
 def retried(
@@ -50,7 +53,6 @@ def retried(
     queue-storage retry does: the new rows, how many jobs matched, and for a queue the
     failed rows already pruned (awa-pg's ``pruned_failed_count``)."""
     options = {"schema_translate_map": translate_map(schema)}
-    verb = VERBS[by]
     waits: list[Any] = []
     if by == "job":  # awa-pg resumes a callback wait first
         resumed = retried_lease(conn, schema, binds["b_job_id"])
@@ -68,11 +70,14 @@ def retried(
         pruned = int(summed or 0)
     if not targets and not waits:
         return [], matched, pruned
-    queues = sorted({t.queue for t in (*targets, *waits)})
-    sharded = conn.execute(sharded_queues(), {"b_queues": queues}).scalars().first()
-    if sharded is not None:
-        why = f"queue {sharded!r} has more than one enqueue shard (awa-pg's pick is its own)"
-        raise QueueStorageJobs(verb, schema, why)
+    in_order = sorted((*targets, *waits), key=lambda t: int(t.job_id))  # awa-pg's loop
+    shards = dict(
+        zip(
+            (int(t.job_id) for t in in_order),
+            shards_picked(conn, [t.queue for t in in_order]),
+            strict=True,
+        )
+    )
     ids = [int(t.job_id) for t in targets]
     lease_ids = [int(w.job_id) for w in waits]
     if ids:
@@ -81,11 +86,13 @@ def retried(
         _claim(conn, retry_claims(), ids, options)
     if lease_ids:
         _claim(conn, lease_claims_retried(), lease_ids, options)
-    ring = ready_ring(conn, schema, [(t.queue, t.priority) for t in (*targets, *waits)])
+    lanes = [(t.queue, t.priority, shards[int(t.job_id)]) for t in in_order]
+    ring = ready_ring(conn, schema, lanes)
     at_ring = {
         "b_job_ids": ids,
         "b_ready_slot": ring.current_slot,
         "b_ready_generation": ring.generation,
+        **shard_binds(shards),
     }
     if lease_ids:
         at_ring["b_lease_ids"] = lease_ids

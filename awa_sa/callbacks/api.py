@@ -233,9 +233,8 @@ def retry_external(
     """Take the job parked on callback *callback_id* (``waiting_external`` only: a handler
     still running would run twice) back to available, attempt 0, as awa-pg's
     ``Client.retry_external`` writes it; its row after, or None. ``bind`` is as for
-    :func:`complete_external`; a queue with more than one enqueue shard raises
-    :class:`~awa_sa.core.errors.QueueStorageJobs` (awa-pg picks its shard by a rotor of its
-    own process).
+    :func:`complete_external`. On queue storage the job goes to shard 0 of its lane whatever
+    the queue's enqueue shard count, the shard awa-pg's call picks for its one job.
     """
     check_bind(bind)
     return administered(bind, retry_external_step(callback_id))

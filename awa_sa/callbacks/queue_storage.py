@@ -19,7 +19,6 @@ from awa_sa.administer.callback_leases import ready_ring
 from awa_sa.administer.statements.callback_leases import lease_claims_retried
 from awa_sa.administer.statements.canonical import JobRow
 from awa_sa.administer.statements.deferred import done_job_fields
-from awa_sa.administer.statements.failed_retry import sharded_queues
 from awa_sa.callbacks.statements.leases import (
     Ending,
     Verb,
@@ -31,7 +30,7 @@ from awa_sa.callbacks.statements.leases import (
     retry_callback_lease,
 )
 from awa_sa.callbacks.statements.resolve import fail_lease_by_expression
-from awa_sa.core.errors import DatabaseError, QueueStorageJobs, UniqueConflict
+from awa_sa.core.errors import DatabaseError, UniqueConflict
 from awa_sa.settle.statements.receipt_settles import receipt_lock
 from awa_sa.tables.queue_storage import translate_map
 
@@ -84,15 +83,13 @@ def ended_on_queue_storage(
 
 
 def _retried(conn: Connection, schema: str, lease: Any, held: Mapping[str, Any]) -> JobRow:
-    if conn.execute(sharded_queues(), {"b_queues": [lease.queue]}).first() is not None:
-        why = f"queue {lease.queue!r} has more than one enqueue shard (awa-pg's pick is its own)"
-        raise QueueStorageJobs("retry_external", schema, why)
     options = {"schema_translate_map": translate_map(schema)}
     ids = {"b_job_ids": [lease.job_id]}
     claims = conn.execute(lease_claims_retried(), ids, execution_options=options).one()
     if claims.taken < claims.wanted:
         raise UniqueConflict(_CLAIM, "a retried job's unique key is held by another job")
-    ring = ready_ring(conn, schema, [(lease.queue, lease.priority)])
+    # One job, awa-pg's first pick of its call: shard 0 whatever the queue's shard count.
+    ring = ready_ring(conn, schema, [(lease.queue, lease.priority, 0)])
     at_ring = {**held, "b_ready_slot": ring.current_slot, "b_ready_generation": ring.generation}
     row = conn.execute(retry_callback_lease(), at_ring, execution_options=options).first()
     if row is None:

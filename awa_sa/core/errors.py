@@ -260,10 +260,10 @@ class QueueStorageJobs(ValidationError):
     """Routing points at queue storage and awa-sa cannot do this there; nothing was written
     (docs/administer.md).
 
-    On queue storage awa-sa cancels scheduled, retryable and running jobs, and retries and
-    discards failed and cancelled ones. The rest (an available job's cancel, whose claim-cursor
-    move awa-pg sends only after its own commit; a callback wait; a retry onto a queue with
-    several enqueue shards) is refused; use awa-pg's ``Client`` there.
+    On queue storage awa-sa writes what awa-pg's own calls write; the few cases it cannot write
+    as awa-pg does (a terminal or unknown job's cancel; a job whose unique mask claims
+    ``cancelled`` but not its own state) are refused, each with its reason in
+    docs/contract.md#refused; use awa-pg's ``Client`` there.
     """
 
     def __init__(self, verb: str, schema: str, why: str) -> None:

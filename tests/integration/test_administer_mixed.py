@@ -6,7 +6,8 @@ in schema ``awa_qs`` and flips the cluster to ``mixed_transition``. On each the 
 the same order, enqueued by awa-pg (so into ``awa_qs``, whose ids start at 1 too) and failed
 by a real awa-pg worker of the ``queue_storage_target`` role (its handler raises, one attempt
 each), then two it parks on a callback (``register_callback``, ``WaitForCallback``); a
-scheduled job cancelled by awa-pg's cancel. A side session holds the
+scheduled job cancelled by awa-pg's cancel. Two of the failed jobs are filed in the DLQ by
+awa-pg's own move, on both twins, before their retries are compared. A side session holds the
 maintenance-leader lock throughout, so no promotion, rescue or recompute runs.
 
 Each verb runs by awa-pg's ``AsyncClient`` on one twin and by awa-sa, in a caller's
@@ -22,6 +23,7 @@ import datetime as dt
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import awa
@@ -38,7 +40,7 @@ from awa_sa.testing.server import EmbeddedPostgres
 pytestmark = pytest.mark.slow  # real awa-pg runtimes and the real CLI
 
 SCHEMAS = ("awa", "awa_qs")
-CHANNELS = ("awa:cancel", "awa:work_q", "awa:fail_q", "awa:idle_q", "awa:cb_q")
+CHANNELS = ("awa:cancel", "awa:work_q", "awa:fail_q", "awa:idle_q", "awa:cb_q", "awa:dlq_q")
 FAILING: tuple[tuple[str, str, int, dict[str, Any]], ...] = (
     # (kind, queue, priority, options): failed by a real worker (max_attempts 1), in this order.
     ("fails_one", "work_q", 2, {"unique_opts": {"by_args": True}, "tags": ["a"]}),
@@ -48,8 +50,12 @@ FAILING: tuple[tuple[str, str, int, dict[str, Any]], ...] = (
     ("fails_q", "fail_q", 3, {}),
     ("fails_discard", "work_q", 2, {"unique_opts": {"by_args": True}}),
     ("fails_discard", "work_q", 2, {}),
+    ("fails_dlq", "work_q", 2, {"unique_opts": {"by_args": True}, "tags": ["d"]}),
+    ("fails_dlq", "dlq_q", 3, {}),
 )
 FAILS_ONE = 1
+DEAD = (8, 9)
+"""Filed in the DLQ of ``awa_qs`` by awa-pg on both twins, then retried out of it."""
 """awa_qs's first job: the same id as the canonical job enqueued before the flip."""
 WAITING = (len(FAILING) + 1, len(FAILING) + 2)
 """Parked on a callback by their handler: a ``leases`` row of ``awa_qs``, ``waiting_external``."""
@@ -101,7 +107,7 @@ async def _fail(url: str, engine: sa.Engine) -> list[int]:
         ids.append(job.id)
     waiting: list[int] = []
     await client.start(
-        [("work_q", 2), ("fail_q", 2), ("cb_q", 1)],
+        [("work_q", 2), ("fail_q", 2), ("cb_q", 1), ("dlq_q", 1)],
         promote_interval_ms=600_000,
         heartbeat_interval_ms=600_000,
         queue_storage_schema="awa_qs",
@@ -249,3 +255,33 @@ def test_a_callback_wait_is_cancelled_and_retried_as_awa_pg(mixed: Twins) -> Non
     assert (got_sa.state, got_sa.storage, got_sa.attempt) == ("available", "awa_qs", 0)
     assert set(changed) >= RETRIED - {"awa_qs.done_entries", "awa_qs.queue_terminal_count_deltas"}
     assert [channel for channel, _ in notes] == ["awa:cb_q"]
+
+
+async def _to_dlq(client: awa.AsyncClient, job_id: int) -> Any:
+    return await client.move_failed_to_dlq(job_id, "poison")
+
+
+def test_dlq_retries_write_what_awa_pg_writes(mixed: Twins) -> None:
+    """Two failed jobs of ``awa_qs`` filed in its DLQ by awa-pg's own move on both twins: one
+    retried by id, the other by kind."""
+    for url in mixed.urls:
+        for job_id in DEAD:
+            pg_call(url, partial(_to_dlq, job_id=job_id))
+    revived = {"awa_qs.dlq_entries", "awa_qs.ready_entries", "awa_qs.ready_segments", "sequences"}
+    got_pg, got_sa, changed, notes = _twins(
+        mixed,
+        lambda c: c.retry_from_dlq(DEAD[0]),
+        lambda conn: awa_sa.retry_from_dlq(conn, DEAD[0]),
+    )
+    same_job(got_sa, got_pg)
+    assert (got_sa.state, got_sa.storage, got_sa.attempt) == ("available", "awa_qs", 0)
+    assert set(changed) >= revived | {"awa.job_unique_claims"}, sorted(changed)
+    assert notes == [("awa:work_q", "")]
+    got_pg, got_sa, changed, notes = _twins(
+        mixed,
+        lambda c: c.bulk_retry_from_dlq(kind="fails_dlq"),
+        lambda conn: awa_sa.bulk_retry_from_dlq(conn, kind="fails_dlq"),
+    )
+    assert got_pg == got_sa == 1
+    assert set(changed) >= revived, sorted(changed)
+    assert notes == [("awa:dlq_q", "")]

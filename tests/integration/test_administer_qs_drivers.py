@@ -9,13 +9,16 @@ kit claims jobs (``queue_storage_attempt``) and ends them: two parked on a callb
 receipts materialised into ``waiting_external`` leases by hand (the rows ``register_callback``
 and ``WaitForCallback`` leave, but for ``attempt_state``); failed ones, settled by awa-sa as
 the runtime fails them; and one failed whose lease then waits too (the state awa-pg's bulk
-retry resumes). Then ``cancel_job`` and ``retry_job`` of the waits, ``retry_failed`` and
-``discard_failed``, in one caller's transaction per driver: the results and the rows read back
-equal psycopg 3's, but for ids, clocks and the driver's names.
+retry resumes); two more failed ones for the dead-letter queue. Then ``cancel_job`` and
+``retry_job`` of the waits, ``retry_failed`` and ``discard_failed``, then the DLQ's bulk move,
+``retry_from_dlq`` (scheduled for later) and ``bulk_retry_from_dlq``, in one caller's
+transaction per driver: the results and the rows read back equal psycopg 3's, but for ids,
+clocks and the driver's names.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,6 +32,7 @@ from awa_sa.testing import queue_storage_attempt
 from awa_sa.testing.databases import Databases
 from awa_sa.testing.server import EmbeddedPostgres
 
+LATER = dt.datetime(2100, 1, 1, tzinfo=dt.UTC)
 DRIVERS = ("psycopg2", "pg8000")
 """Beside psycopg 3, the reference."""
 PARK = """
@@ -49,6 +53,8 @@ SELECT 'ready' AS at, kind, attempt, lane_seq FROM awa.ready_entries WHERE queue
 UNION ALL SELECT 'done ' || state::text, kind, attempt, NULL FROM awa.done_entries
     WHERE queue = :q
 UNION ALL SELECT 'lease ' || state::text, NULL, attempt, NULL FROM awa.leases WHERE queue = :q
+UNION ALL SELECT 'deferred ' || state::text, kind, attempt, NULL FROM awa.deferred_jobs
+    WHERE queue = :q
 ORDER BY 1, 2, 3, 4
 """
 
@@ -86,6 +92,7 @@ def _seed(url: str, tag: str) -> dict[str, int]:
             fail(resumed)
             jobs["resumed"] = park(resumed)
             jobs |= {"discard": fail(claimed("gone")), "discard2": fail(claimed("gone"))}
+            jobs |= {"dead": fail(claimed("dead")), "dead2": fail(claimed("dead"))}
             return jobs
     finally:
         engine.dispose()
@@ -127,6 +134,9 @@ def _administered(url: str, driver: str, tag: str) -> tuple[list[Any], list[Any]
                 awa_sa.retry_job(conn, jobs["retry"]),
                 awa_sa.retry_failed(conn, kind=f"{tag}_fail"),
                 awa_sa.discard_failed(conn, f"{tag}_gone"),
+                awa_sa.bulk_move_failed_to_dlq(conn, kind=f"{tag}_dead"),
+                awa_sa.retry_from_dlq(conn, jobs["dead"], run_at=LATER),
+                awa_sa.bulk_retry_from_dlq(conn, kind=f"{tag}_dead"),
             ]
     finally:
         own.dispose()
@@ -153,8 +163,10 @@ def test_queue_storage_verbs_through_the_driver_as_through_psycopg_3(
 ) -> None:
     got, rows = _administered(url, driver, driver)
     assert (got, rows) == reference
-    cancelled, retried, bulk, discarded = got
+    cancelled, retried, bulk, discarded, dead, later, revived = got
     assert (cancelled[2], retried[2], discarded) == ("cancelled", "available", 2)
     assert (len(bulk[0]), bulk[1]) == (3, 3)  # the two failed and the resumed wait
     assert ("lease waiting_external", None, 1, None) not in rows  # every wait ended
     assert ("done failed", "T_fail", 1, None) in rows  # the resumed job's failed row stays
+    assert (dead, later[2], revived) == (2, "scheduled", 1)
+    assert ("deferred scheduled", "T_dead", 0, None) in rows

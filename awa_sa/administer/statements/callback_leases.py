@@ -11,7 +11,7 @@ receipt as ``rescue`` (a closure row, and ``closed_at``). Then the cancel files 
 appends its ``+1`` terminal delta, releases the unique claim where the mask claimed the lease's
 state and does not claim ``cancelled``, and sends the ``awa:cancel`` NOTIFY; the retry
 enqueues the job again as a failed job's retry does
-(:func:`~awa_sa.administer.statements.failed_retry.enqueued_again`), after its claim
+(:func:`~awa_sa.administer.statements.requeue.enqueued_again`), after its claim
 (:func:`lease_claims_retried`). awa-pg's bulk retry of failed jobs retries each matched job's
 wait this way, where it has one, and leaves that job's failed row (:func:`resumed_targets`,
 :func:`retry_done_resuming`). Observed on a real cluster and compared (docs/administer.md).
@@ -51,10 +51,10 @@ from awa_sa.administer.statements.canonical import cancel_notice
 from awa_sa.administer.statements.failed_retry import (
     claims_moved,
     close_removed_receipts,
-    enqueued_again,
     failed_jobs,
     failed_removed,
 )
+from awa_sa.administer.statements.requeue import enqueued_again
 from awa_sa.core.registry import statement
 from awa_sa.core.sql import EMPTY_ARRAY, EMPTY_OBJECT, concat, state
 from awa_sa.settle.statements.duplicate import insert_terminal_delta
@@ -354,7 +354,8 @@ def retry_done_resuming() -> Select[Any]:
     """:func:`~awa_sa.administer.statements.failed_retry.retry_done` for the failed rows of
     ``b_job_ids``, and :func:`retry_lease` for the callback waits of ``b_lease_ids`` (their
     failed rows left as they are, as awa-pg leaves them), every job enqueued again in one id
-    order, as awa-pg's job-by-job loop numbers them; answers the new ready rows by id."""
+    order, as awa-pg's job-by-job loop numbers them, each on the shard picked for it
+    (``b_shard_ids``, ``b_shards``); answers the new ready rows by id."""
     removed, effects = failed_removed()
     gone, h = _hydrated("retry", many=True)
     carried = (
@@ -374,6 +375,6 @@ def retry_done_resuming() -> Select[Any]:
         select(*(removed.c[name] for name in carried)),
         select(*(h.c[name] for name in carried)),
     ).cte("retried")
-    enqueued, enqueuing, told = enqueued_again(both)
+    enqueued, enqueuing, told = enqueued_again(both, sharded=True)
     answer = select(*enqueued.c, told.label("told")).order_by(enqueued.c.job_id)
     return answer.add_cte(*effects, *receipts_closed(gone, prefix="lease_"), *enqueuing)

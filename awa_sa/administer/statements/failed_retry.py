@@ -24,13 +24,11 @@ from sqlalchemy import (
     CTE,
     BigInteger,
     ColumnElement,
-    Integer,
     Select,
     SmallInteger,
     Text,
     and_,
     bindparam,
-    case,
     cast,
     delete,
     exists,
@@ -42,16 +40,17 @@ from sqlalchemy import (
     tuple_,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
+from awa_sa.administer.statements.requeue import enqueued_again
 from awa_sa.core.registry import statement
-from awa_sa.core.sql import EMPTY_OBJECT, SHARD0, distinct_on, state
+from awa_sa.core.sql import EMPTY_OBJECT, distinct_on, state
 from awa_sa.settle.statements.duplicate import counter_bucket
 from awa_sa.settle.statements.receipt_writes import claims_in
 from awa_sa.tables import queue_storage as qs
-from awa_sa.tables.canonical import Timestamp, job_unique_claims
-from awa_sa.tables.runtime import queue_meta, queue_terminal_rollups, ready_segments
+from awa_sa.tables.canonical import job_unique_claims
+from awa_sa.tables.runtime import queue_terminal_rollups
 
 By = Literal["job", "kind", "queue"]
 RETRIABLE = ("failed", "cancelled")
@@ -133,17 +132,6 @@ def pruned_failed() -> Select[Any]:
     )
 
 
-@statement
-def sharded_queues() -> Select[Any]:
-    """Queues of ``b_queues`` with more than one enqueue shard (awa-pg picks one by a rotor
-    of its own process there, which awa-sa cannot follow)."""
-    m = queue_meta.c
-    queues = bindparam("b_queues", type_=ARRAY(Text))
-    return select(m.queue).where(
-        m.queue == func.any(queues), m.enqueue_shards > literal_column("1")
-    )
-
-
 def with_ready_columns(rows: Any, *clocks: str) -> Select[Any]:
     """The done rows *rows* with what they share with their ready row, as awa-pg reads them
     (and the *clocks* named, ``run_at``, ``attempted_at``, where a reader wants them)."""
@@ -187,10 +175,11 @@ def retry_claims() -> Select[Any]:
     return claims_moved(_targets(), RETRIABLE)
 
 
-def claims_moved(t: CTE, states: tuple[str, ...]) -> Select[Any]:
-    """The claims of the jobs of *t* (in one of *states*) as they become available again."""
+def claims_moved(t: CTE, states: tuple[str, ...], new_state: str = "available") -> Select[Any]:
+    """The claims of the jobs of *t* (in one of *states*) as they become *new_state* (available
+    again, or scheduled for a DLQ retry to a later time)."""
     old = or_(*(and_(t.c.state == state(s), claims_in(t.c.unique_states, s)) for s in states))
-    new = claims_in(t.c.unique_states, "available")
+    new = claims_in(t.c.unique_states, new_state)
     claims = job_unique_claims
     released = (
         delete(claims)
@@ -282,10 +271,10 @@ def removed_deltas(removed: Any, *, summed: bool) -> CTE:
 @statement
 def retry_done() -> Select[Any]:
     """Delete the locked rows, close their receipts, append their deltas, and enqueue each
-    job again on shard 0 of its lane at the ring cursor (``b_ready_slot``, ...); answers the
-    new ready rows by id."""
+    job again on its lane at the ring cursor (``b_ready_slot``, ...), on the enqueue shard
+    picked for it (``b_shard_ids``, ``b_shards``; else 0); answers the new ready rows by id."""
     proj, effects = failed_removed()
-    enqueued, enqueuing, told = enqueued_again(proj)
+    enqueued, enqueuing, told = enqueued_again(proj, sharded=True)
     answer = select(*enqueued.c, told.label("told")).order_by(enqueued.c.job_id)
     return answer.add_cte(*effects, *enqueuing)
 
@@ -304,81 +293,3 @@ def failed_removed() -> tuple[CTE, list[CTE]]:
     )
     proj = with_ready_columns(removed).cte("removed_rows")
     return proj, [close_removed_receipts(removed), removed_deltas(removed, summed=False)]
-
-
-def enqueued_again(proj: CTE, *, attempted: bool = False) -> tuple[CTE, list[CTE], Any]:
-    """Each job of *proj* enqueued again on shard 0 of its lane at the ring cursor
-    (``b_ready_slot``, ...), ``attempt = 0`` and ``run_at`` now, under its own id and run
-    lease, the lane numbers given in id order: the new ready rows, the CTEs that write their
-    segments, and the count of queues told (their NOTIFYs). ``attempted_at`` is NULL, or with
-    *attempted* the one of *proj* (awa-pg's ``retry_external`` keeps the wait's)."""
-    effects: list[CTE] = []
-    lanes = select(proj.c.queue, proj.c.priority, func.count().label("n")).group_by(
-        proj.c.queue, proj.c.priority
-    )
-    lanes_cte = lanes.cte("lanes")
-    first = qs.reserve_enqueue_seq(lanes_cte.c.queue, lanes_cte.c.priority, SHARD0, lanes_cte.c.n)
-    reserved = (
-        select(lanes_cte.c.queue, lanes_cte.c.priority, cast(first, BigInteger).label("first_seq"))
-        .cte("reserved")
-        .prefix_with("MATERIALIZED")
-    )
-    ready = qs.ready_entries
-    order = func.row_number().over(
-        partition_by=(proj.c.queue, proj.c.priority), order_by=proj.c.job_id
-    )
-    payload = case((proj.c.payload == EMPTY_OBJECT, None), else_=proj.c.payload)
-    values: dict[str, ColumnElement[Any]] = {
-        "ready_slot": cast(bindparam("b_ready_slot", type_=Integer), Integer),
-        "ready_generation": bindparam("b_ready_generation", type_=BigInteger),
-        "job_id": proj.c.job_id,
-        "kind": proj.c.kind,
-        "queue": proj.c.queue,
-        "args": proj.c.args,
-        "priority": proj.c.priority,
-        "attempt": cast(literal_column("0"), SmallInteger),
-        "run_lease": proj.c.run_lease,
-        "max_attempts": proj.c.max_attempts,
-        "lane_seq": reserved.c.first_seq + order - literal_column("1"),
-        "enqueue_shard": SHARD0,
-        "run_at": func.clock_timestamp(),
-        "attempted_at": proj.c.attempted_at if attempted else cast(None, Timestamp),
-        "created_at": proj.c.created_at,
-        "unique_key": proj.c.unique_key,
-        "unique_states": proj.c.unique_states,
-        "payload": cast(payload, JSONB),
-    }
-    source = select(*(values[c.name].label(c.name) for c in ready.c)).select_from(
-        proj.join(
-            reserved, and_(reserved.c.queue == proj.c.queue, reserved.c.priority == proj.c.priority)
-        )
-    )
-    enqueued = (
-        insert(ready)
-        .from_select([c.name for c in ready.c], source)
-        .returning(*ready.c)
-        .cte("enqueued")
-    )
-    segments = ready_segments
-    segment = select(
-        enqueued.c.ready_slot,
-        enqueued.c.ready_generation,
-        enqueued.c.queue,
-        enqueued.c.priority,
-        enqueued.c.enqueue_shard,
-        enqueued.c.lane_seq,
-        (enqueued.c.lane_seq + literal_column("1")).label("next_lane_seq"),
-        enqueued.c.run_at,
-    )
-    segment_key = ["ready_slot", "ready_generation", "queue", "priority", "enqueue_shard"]
-    effects.append(
-        pg_insert(segments)
-        .from_select([c.name for c in segments.c if c.name != "created_at"], segment)
-        .on_conflict_do_nothing(index_elements=[*segment_key, "first_lane_seq"])
-        .cte("segments")
-    )
-    queues = select(enqueued.c.queue).distinct().subquery("queues")
-    channel = literal_column("'awa:'", Text) + queues.c.queue
-    notified = select(func.pg_notify(channel, literal_column("''"))).select_from(queues)
-    told = select(func.count()).select_from(notified.subquery("notified")).scalar_subquery()
-    return enqueued, effects, told

@@ -45,7 +45,7 @@ from awa_sa.administer.statements.callback_leases import (
     job_row_after,
     receipts_closed,
 )
-from awa_sa.administer.statements.failed_retry import enqueued_again
+from awa_sa.administer.statements.requeue import enqueued_again
 from awa_sa.callbacks.statements.canonical import HELD, picked, seconds_from_now
 from awa_sa.core.registry import statement
 from awa_sa.core.sql import EMPTY_ARRAY, EMPTY_OBJECT, concat, state

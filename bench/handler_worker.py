@@ -30,7 +30,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from awa_sa import Complete, Stale
-from awa_sa.asyncio import settle
+from awa_sa.asyncio import attempt_of, settle
 
 ROOT = Path(__file__).resolve().parents[1]
 QUEUE = "bench_handlers"
@@ -84,8 +84,16 @@ class Handlers:
             if isinstance(await settle(conn, job, Complete()), Stale):
                 raise AlreadySettled(job.id)  # rolls the rows back with it
 
+    async def recipe_attempt(self, job: Any) -> None:
+        """The recipe by the attempt: ``attempt_of`` first, the row, then ``settle`` of it."""
+        async with self.engine.begin() as conn:
+            mine = await attempt_of(conn, job)
+            await conn.execute(ROWS.insert().values(order_id=job.args["n"], job_id=job.id))
+            if isinstance(await settle(conn, mine, Complete()), Stale):
+                raise AlreadySettled(job.id)
 
-HANDLERS = ("instant", "at_least_once", "recipe")
+
+HANDLERS = ("instant", "at_least_once", "recipe", "recipe_attempt")
 HISTORY_KIND = "history"
 """The jobs that grow the cluster's history: the returns-at-once handler's."""
 

@@ -3,10 +3,11 @@
 The recipe's statements were measured one attempt at a time on a quiet cluster; a service
 moving its handlers to it meets them inside an awa-pg 0.6.9 worker under load, beside the
 runtime's own statements, its partition rotation and a growing history. So each figure here
-comes from a real worker process (:mod:`bench.handler_worker`, its CPU its own) running three
+comes from a real worker process (:mod:`bench.handler_worker`, its CPU its own) running four
 handlers on one queue: returns at once (the runtime completes), one business row in its own
-transaction then returns (at least once), and the README's recipe (``attempt_of``, the row,
-``settle`` in one transaction, psycopg 3 AsyncEngine, a pool as large as the concurrency).
+transaction then returns (at least once), the README's recipe (the row, then ``settle`` of the
+job, in one transaction) and the same by the attempt (``attempt_of``, the row, ``settle`` of
+the attempt); psycopg 3 AsyncEngine, a pool as large as the concurrency.
 
 Each plane gets its own copy of a freshly migrated cluster (``awa migrate``): on
 ``queue_storage`` the first worker starts on it empty and auto-finalizes it (the quick-start
@@ -44,6 +45,7 @@ LABELS = {
     "instant": "returns at once",
     "at_least_once": "own transaction (at least once)",
     "recipe": "README recipe (exactly once)",
+    "recipe_attempt": "recipe by attempt_of",
 }
 CHUNK = 20_000
 """Jobs per COPY when the history grows."""
@@ -75,7 +77,7 @@ def run(server: EmbeddedPostgres, a: Any) -> dict[str, Any]:
             for size in (0, history) if history else (0,):
                 if size:
                     grown[plane] = lab.grow(size, max(concurrencies))
-                kinds = HANDLERS if not size else ("at_least_once", "recipe")
+                kinds = HANDLERS if not size else ("at_least_once", "recipe", "recipe_attempt")
                 for concurrency in concurrencies:
                     n = jobs_at(a.jobs, concurrency)
                     with lab.worker(concurrency) as worker:

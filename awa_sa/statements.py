@@ -86,7 +86,7 @@ from awa_sa.settle.statements.duplicate import (
     lane_lock,
     ring_cursor,
 )
-from awa_sa.settle.statements.endings import end_attempts
+from awa_sa.settle.statements.endings import end_attempts, end_job
 from awa_sa.settle.statements.job_receipts import claim_of_job, open_claims
 from awa_sa.settle.statements.listings import attempt_lookup
 from awa_sa.settle.statements.migration import claim_unique_keys, insert_deferred, take_and_allocate
@@ -122,6 +122,7 @@ __all__ = [
     "drain_targets",
     "end_attempts",
     "end_callback_canonical",
+    "end_job",
     "end_lease",
     "ended_lease_claims",
     "ensure_lane_head",

@@ -142,8 +142,9 @@ def settle(
 
     *attempt* may also be the awa-pg ``Job`` a handler was given (anything
     :func:`~awa_sa.attempt_of` takes): its running attempt is then found and settled in the one
-    call, in two statements on either plane (the lookup takes the receipt's lock itself), and a
-    job whose attempt is no longer running is ``Stale``.
+    call, in two statements on either plane (the lookup takes the receipt's lock itself; one
+    for a canonical ending that never re-schedules once routing was seen canonical), and a job
+    whose attempt is no longer running is ``Stale``.
 
     A canonical attempt is settled as :func:`settle_canonical_attempt` does, with its kind,
     queue and attempt checked beside ``(job_id, run_lease)`` in the same statement: a row that

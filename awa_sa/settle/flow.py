@@ -160,7 +160,7 @@ def _end(conn: Runner, calls: Sequence[EndCall]) -> list[Ending | Call] | None:
             assert answer.attempt is not None  # a retried row answers with its attempt
             answered[first[pair]] = retry_of(call, answer.attempt, ended.at)
         else:
-            answered[first[pair]] = _ending(call, answer.ended)
+            answered[first[pair]] = ending_of(call, answer.ended)
     return answered
 
 
@@ -226,7 +226,7 @@ def _closed(call: ReceiptCall, closed: Closed) -> Ending:
     return _state(closed.job_id, closed.state, terminal=call.item.tag == "fail_terminal")
 
 
-def _ending(call: EndCall, state: str) -> Ending:
+def ending_of(call: EndCall, state: str) -> Ending:
     return _state(call.job_id, state, terminal=call.item.tag == "fail_terminal")
 
 

@@ -221,6 +221,11 @@ _receipts_expected: WeakKeyDictionary[Engine, bool] = WeakKeyDictionary()
 stale answer costs a round trip, never a wrong one: routing is read in the statement itself."""
 
 
+def routing_seen_canonical(engine: Engine) -> bool:
+    """Did *engine*'s last lookup find routing canonical? (:data:`_receipts_expected`)"""
+    return not _receipts_expected.get(engine, True)
+
+
 def _claim(row: Any, storage: str) -> RunningAttempt:
     fields = {name: getattr(row, name) for name in Listed._fields}
     return RunningAttempt(storage=storage, **fields, _ready_slot=row.ready_slot)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal, NamedTuple
 
 from sqlalchemy import (
@@ -55,7 +56,7 @@ from awa_sa.core.sql import (
 )
 from awa_sa.settle.statements.attempts import guard, shared_key
 from awa_sa.settle.statements.canonical import queue_storage_schema
-from awa_sa.tables.canonical import jobs_hot
+from awa_sa.tables.canonical import Timestamp, jobs_hot
 
 EndTag = Literal["complete", "cancel", "fail", "fail_terminal"]
 """An ending as the statement sees it, one per row."""
@@ -156,6 +157,98 @@ def _ends(asked: Any, row: Any) -> ColumnElement[bool]:
     return or_(~_is(asked, "fail"), row.c.attempt >= row.c.max_attempts)
 
 
+def _ending(source: Any, hot: Any) -> dict[str, Any]:
+    """The columns an ending writes, as the worker writes them (the module docstring)."""
+    return {
+        "state": case(
+            (_is(source, "complete"), state("completed")),
+            (_is(source, "cancel"), state("cancelled")),
+            else_=state("failed"),
+        ),
+        "finalized_at": func.now(),
+        "errors": case(
+            (_is(source, "complete"), hot.c.errors),
+            else_=func.array_append(hot.c.errors, _entry(source, hot), type_=ARRAY(JSONB)),
+        ),
+        "progress": case(
+            (_is(source, "complete"), cast(null(), JSONB)),
+            else_=cast(source.c.new_progress, JSONB),
+        ),
+    }
+
+
+@statement
+def end_job() -> Select[Any]:
+    """End a job's running canonical attempt found by the job's identity alone, in one UPDATE.
+
+    ``settle`` of an awa-pg ``Job`` (which carries no run lease) on a cluster whose routing was
+    last seen canonical, for an ending that never re-schedules (a completion, a cancel, a
+    terminal failure): the row that is running with the job's id, attempt, kind, queue and
+    ``created_at`` (the identity ``attempt_of`` matches, which tells the planes apart) ends as
+    :func:`end_attempts` ends it. Answers the row's id and lease, or nothing: then the caller
+    looks the job up (queue storage, or no longer running).
+    """
+    fields = [
+        ("b_job_id", "job_id", BigInteger),
+        ("b_tag", "tag", Text),
+        ("b_message", "message", Text),
+        ("b_progress", "new_progress", Text),
+        ("b_kind", "want_kind", Text),
+        ("b_queue", "want_queue", Text),
+        ("b_attempt", "want_attempt", SmallInteger),
+        ("b_created_at", "created_at", Timestamp),
+    ]
+    asked = bound_row(fields).cte("asked")
+    hot: Any = jobs_hot.alias("hot")
+    identity = [
+        hot.c[name] == func.coalesce(asked.c[want], hot.c[name])  # the key's index alone
+        for name, want in (
+            ("kind", "want_kind"),
+            ("queue", "want_queue"),
+            ("attempt", "want_attempt"),
+            ("created_at", "created_at"),
+        )
+    ]
+    ended = (
+        update(hot)
+        .where(hot.c.id == asked.c.job_id, hot.c.state == literal_column("'running'"), *identity)
+        .values(**_ending(asked, hot))
+        .returning(hot.c.id, hot.c.run_lease, cast(hot.c.state, Text).label("ended"))
+    )
+    return select(ended.cte("ended"))
+
+
+class JobEnding(NamedTuple):
+    """The parameters of :func:`end_job`: the job's identity and its ending."""
+
+    job_id: int
+    tag: EndTag
+    message: str | None
+    progress: str | None
+    kind: str
+    queue: str
+    attempt: int
+    created_at: datetime
+
+
+_JOB_BINDS = (
+    "b_job_id",
+    "b_tag",
+    "b_message",
+    "b_progress",
+    "b_kind",
+    "b_queue",
+    "b_attempt",
+    "b_created_at",
+)
+"""The binds of :func:`end_job`, in :class:`JobEnding`'s order."""
+END_JOB: Query[JobEnding, tuple[int, int, str] | None] = Query(
+    lambda _: end_job(),
+    lambda item: dict(zip(_JOB_BINDS, item, strict=True)),
+    lambda rows: (rows[0].id, rows[0].run_lease, rows[0].ended) if rows else None,
+)
+
+
 @statement
 def end_attempts(*, batch: bool, named: bool) -> Select[Any]:
     """End the guarded attempts as asked, one UPDATE for every kind of ending.
@@ -203,22 +296,7 @@ def end_attempts(*, batch: bool, named: bool) -> Select[Any]:
     ended = (
         update(hot)
         .where(*matched, _ends(source, hot), *([] if named else [unnamed]))
-        .values(
-            state=case(
-                (_is(source, "complete"), state("completed")),
-                (_is(source, "cancel"), state("cancelled")),
-                else_=state("failed"),
-            ),
-            finalized_at=func.now(),
-            errors=case(
-                (_is(source, "complete"), hot.c.errors),
-                else_=func.array_append(hot.c.errors, _entry(source, hot), type_=ARRAY(JSONB)),
-            ),
-            progress=case(
-                (_is(source, "complete"), cast(null(), JSONB)),
-                else_=cast(source.c.new_progress, JSONB),
-            ),
-        )
+        .values(**_ending(source, hot))
         .returning(hot.c.id, hot.c.run_lease, cast(hot.c.state, Text).label("ended"))
         .cte("ended")
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import ExitStack
 from typing import Any, NamedTuple
 
@@ -134,6 +134,21 @@ def twin(stack: ExitStack, pg: EmbeddedPostgres, databases: Databases, template:
     with engine.begin() as conn:
         conn.execute(sa.text("CREATE TABLE public.business (note text)"))
     return Twin(url, engine)
+
+
+def twin_pair(
+    pg: EmbeddedPostgres,
+    databases: Databases,
+    template: str,
+    prepare: Callable[[Twin], Coroutine[Any, Any, Any]],
+) -> Iterator[tuple[Twin, Twin]]:
+    """Two twins of *template*, each made ready by *prepare* (a real worker's run, as a rule),
+    for a module's fixture to ``yield from``; closed when it resumes."""
+    with ExitStack() as stack:
+        made = [twin(stack, pg, databases, template) for _ in range(2)]
+        for side in made:
+            asyncio.run(prepare(side))
+        yield made[0], made[1]
 
 
 def twins(

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from contextlib import ExitStack
 from typing import Any
 
 import awa
 import pytest
 import sqlalchemy as sa
-from administering import Twin, change, pg_call, same_job, snapshot, twin
+from administering import Twin, change, pg_call, same_job, snapshot, twin_pair
 from racing import Waiter, backend_pid, in_thread, wait_until_blocked
 from runtimes import pg_url, rows, until_idle
 
@@ -88,11 +87,7 @@ async def _noop(job: Any) -> None:
 def sides(
     pg: EmbeddedPostgres, awa_databases: Databases, real_template: str
 ) -> Iterator[tuple[Twin, Twin]]:
-    with ExitStack() as stack:
-        made = [twin(stack, pg, awa_databases, real_template) for _ in range(2)]
-        for side in made:
-            asyncio.run(_finalize_then_enqueue(side))
-        yield made[0], made[1]
+    yield from twin_pair(pg, awa_databases, real_template, _finalize_then_enqueue)
 
 
 def _claim_cursors(engine: sa.Engine) -> dict[tuple[str, int], int]:

@@ -15,13 +15,12 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 from collections.abc import Iterator
-from contextlib import ExitStack
 from typing import Any
 
 import awa
 import pytest
 import sqlalchemy as sa
-from administering import Twin, snapshot, twin, twins
+from administering import Twin, snapshot, twin_pair, twins
 from runtimes import pg_url, rows
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -76,11 +75,7 @@ async def _fail_all(side: Twin) -> None:
 def sides(
     pg: EmbeddedPostgres, awa_databases: Databases, real_template: str
 ) -> Iterator[tuple[Twin, Twin]]:
-    with ExitStack() as stack:
-        made = [twin(stack, pg, awa_databases, real_template) for _ in range(2)]
-        for side in made:
-            asyncio.run(_fail_all(side))
-        yield made[0], made[1]
+    yield from twin_pair(pg, awa_databases, real_template, _fail_all)
 
 
 def _same_entry(got_sa: DlqEntry | None, got_pg: Any) -> None:

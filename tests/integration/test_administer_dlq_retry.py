@@ -16,13 +16,12 @@ import asyncio
 import datetime as dt
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import ExitStack
 from typing import Any
 
 import awa
 import pytest
 import sqlalchemy as sa
-from administering import Twin, change, pg_call, same_job, snapshot, twin, twins
+from administering import Twin, change, pg_call, same_job, snapshot, twin_pair, twins
 from runtimes import pg_url, rows, until_idle
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -97,11 +96,7 @@ async def _fail_then_file(side: Twin) -> None:
 def sides(
     pg: EmbeddedPostgres, awa_databases: Databases, real_template: str
 ) -> Iterator[tuple[Twin, Twin]]:
-    with ExitStack() as stack:
-        made = [twin(stack, pg, awa_databases, real_template) for _ in range(2)]
-        for side in made:
-            asyncio.run(_fail_then_file(side))
-        yield made[0], made[1]
+    yield from twin_pair(pg, awa_databases, real_template, _fail_then_file)
 
 
 def _both(sides: tuple[Twin, Twin], on_pg: Any, on_sa: Any) -> tuple[Any, Any, dict[str, Any], Any]:

@@ -22,13 +22,12 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import ExitStack
 from typing import Any
 
 import awa
 import pytest
 import sqlalchemy as sa
-from administering import Twin, same_job, twin, twins
+from administering import Twin, same_job, twin_pair, twins
 from runtimes import pg_url, rows, until_idle
 
 import awa_sa
@@ -115,11 +114,7 @@ async def _prepare(side: Twin) -> None:
 def sides(
     pg: EmbeddedPostgres, awa_databases: Databases, real_template: str
 ) -> Iterator[tuple[Twin, Twin]]:
-    with ExitStack() as stack:
-        made = [twin(stack, pg, awa_databases, real_template) for _ in range(2)]
-        for side in made:
-            asyncio.run(_prepare(side))
-        yield made[0], made[1]
+    yield from twin_pair(pg, awa_databases, real_template, _prepare)
 
 
 def _both(sides: tuple[Twin, Twin], on_pg: Any, on_sa: Any) -> tuple[Any, Any, dict[str, Any], Any]:

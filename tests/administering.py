@@ -20,7 +20,7 @@ import psycopg
 import sqlalchemy as sa
 from conftest import cloned
 from jobs import RUNTIME_CLOCK, plane_tables, sequences
-from runtimes import hold_leadership, pg_url
+from runtimes import hold_leadership, pg_url, rows
 
 import awa_sa
 from awa_sa.testing.databases import Databases
@@ -134,6 +134,16 @@ def twin(stack: ExitStack, pg: EmbeddedPostgres, databases: Databases, template:
     with engine.begin() as conn:
         conn.execute(sa.text("CREATE TABLE public.business (note text)"))
     return Twin(url, engine)
+
+
+async def until_failed(engine: sa.Engine, job_id: int, seconds: float = 60.0) -> None:
+    """Until a real worker has failed job *job_id* (polled at the worker's own pace)."""
+    for _ in range(int(seconds / 0.05)):
+        found = rows(engine, "SELECT state::text AS s FROM awa.jobs WHERE id = :i", i=job_id)
+        if found and found[0]["s"] == "failed":
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"job {job_id} did not fail within {seconds:.0f} s")
 
 
 def twin_pair(

@@ -20,8 +20,8 @@ from typing import Any
 import awa
 import pytest
 import sqlalchemy as sa
-from administering import Twin, snapshot, twin_pair, twins
-from runtimes import pg_url, rows
+from administering import Twin, snapshot, twin_pair, twins, until_failed
+from runtimes import pg_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import awa_sa
@@ -57,15 +57,7 @@ async def _fail_all(side: Twin) -> None:
     try:
         for n, (kind, queue, options) in enumerate(FAILING, 1):
             await client.insert({"n": n}, kind=kind, queue=queue, max_attempts=1, **options)
-            for _ in range(1200):
-                state = rows(
-                    side.engine, "SELECT state::text AS s FROM awa.jobs WHERE id = :i", i=n
-                )
-                if state and state[0]["s"] == "failed":
-                    break
-                await asyncio.sleep(0.05)  # the worker's own pace
-            else:
-                raise AssertionError(f"job {n} did not fail within 60 s")
+            await until_failed(side.engine, n)
     finally:
         await client.shutdown()
         await client.close()

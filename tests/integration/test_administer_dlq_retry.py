@@ -21,7 +21,7 @@ from typing import Any
 import awa
 import pytest
 import sqlalchemy as sa
-from administering import Twin, change, pg_call, same_job, snapshot, twin_pair, twins
+from administering import Twin, change, pg_call, same_job, snapshot, twin_pair, twins, until_failed
 from runtimes import pg_url, rows, until_idle
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -74,15 +74,7 @@ async def _fail_then_file(side: Twin) -> None:
             await client.insert(
                 {"n": n}, kind=kind, queue=queue, priority=priority, max_attempts=1, **options
             )
-            for _ in range(1200):
-                found = rows(
-                    side.engine, "SELECT state::text AS s FROM awa.jobs WHERE id = :i", i=n
-                )
-                if found and found[0]["s"] == "failed":
-                    break
-                await asyncio.sleep(0.05)  # the worker's own pace
-            else:
-                raise AssertionError(f"job {n} did not fail within 60 s")
+            await until_failed(side.engine, n)
     finally:
         await client.shutdown()
     try:

@@ -117,12 +117,21 @@ def guard(row: Any, firsts: CTE) -> list[ColumnElement[bool]]:
         row.c.id == firsts.c.job_id,
         row.c.state == literal_column("'running'"),
         row.c.run_lease == firsts.c.lease,
-        *(row.c[name] == func.coalesce(firsts.c[want], row.c[name]) for name, want in _IDENTITY),
+        *identity(row, firsts),
+    ]
+
+
+def identity(row: Any, asked: Any, *more: tuple[str, str]) -> list[ColumnElement[bool]]:
+    """The identity the caller gave (kind, queue, attempt, and *more* ``(column, asked)``
+    pairs), each checked only where given: the columns are never NULL, so a NULL asked for
+    compares the column with itself, and the check is never an index condition."""
+    return [
+        row.c[name] == func.coalesce(asked.c[want], row.c[name])
+        for name, want in (*_IDENTITY, *more)
     ]
 
 
 _IDENTITY = (("kind", "want_kind"), ("queue", "want_queue"), ("attempt", "want_attempt"))
-"""Columns that are never NULL, so a NULL asked for compares the column with itself."""
 
 
 def shared_key(firsts: CTE, batch: bool) -> ColumnElement[bool]:

@@ -54,7 +54,7 @@ from awa_sa.core.sql import (
     scalar,
     state,
 )
-from awa_sa.settle.statements.attempts import guard, shared_key
+from awa_sa.settle.statements.attempts import guard, identity, shared_key
 from awa_sa.settle.statements.canonical import queue_storage_schema
 from awa_sa.tables.canonical import Timestamp, jobs_hot
 
@@ -200,18 +200,10 @@ def end_job() -> Select[Any]:
     ]
     asked = bound_row(fields).cte("asked")
     hot: Any = jobs_hot.alias("hot")
-    identity = [
-        hot.c[name] == func.coalesce(asked.c[want], hot.c[name])  # the key's index alone
-        for name, want in (
-            ("kind", "want_kind"),
-            ("queue", "want_queue"),
-            ("attempt", "want_attempt"),
-            ("created_at", "created_at"),
-        )
-    ]
+    named = identity(hot, asked, ("created_at", "created_at"))  # the key's index alone
     ended = (
         update(hot)
-        .where(hot.c.id == asked.c.job_id, hot.c.state == literal_column("'running'"), *identity)
+        .where(hot.c.id == asked.c.job_id, hot.c.state == literal_column("'running'"), *named)
         .values(**_ending(asked, hot))
         .returning(hot.c.id, hot.c.run_lease, cast(hot.c.state, Text).label("ended"))
     )

@@ -32,25 +32,18 @@ def settle_job_step(
     raises before any statement); run it with :func:`awa_sa.core.binds.administered`."""
     filters = job_filters(job)
     probe = prepare_result(filters.job_id, 1, result, error, progress)  # every input checked
-    ending = None
+    ending: tuple[EndCall, JobEnding] | None = None
     if isinstance(probe, EndCall) and probe.item.tag != "fail":  # never a re-schedule
         assert filters.attempt is not None  # job_filters sets every part of the identity
         assert filters.kind is not None
         assert filters.queue is not None
         assert filters.created_at is not None
         item = probe.item
-        ending = JobEnding(
-            item.job_id,
-            item.tag,
-            item.message,
-            item.progress,
-            filters.kind,
-            filters.queue,
-            filters.attempt,
-            filters.created_at,
-        )
-    step = partial(_settled, filters=filters, result=result, error=error, progress=progress)
-    return partial(step, ending=(probe, ending) if ending is not None else None)
+        identity = (filters.kind, filters.queue, filters.attempt, filters.created_at)
+        ending = probe, JobEnding(item.job_id, item.tag, item.message, item.progress, *identity)
+    return partial(
+        _settled, filters=filters, result=result, error=error, progress=progress, ending=ending
+    )
 
 
 def _settled(

@@ -161,6 +161,19 @@ def twin_pair(
         yield made[0], made[1]
 
 
+def pair_twins(
+    pair: tuple[Twin, Twin],
+    on_pg: Callable[[awa.AsyncClient], Any],
+    on_sa: Callable[[sa.Connection], Any],
+    *,
+    schemas: Sequence[str],
+    channels: Sequence[str],
+) -> tuple[Any, Any, dict[str, Any], list[tuple[str, str]]]:
+    """:func:`twins` on a :func:`twin_pair`: awa-pg on the first, awa-sa on the second."""
+    urls, engines = (pair[0].url, pair[1].url), (pair[0].engine, pair[1].engine)
+    return twins(urls, engines, on_pg, on_sa, schemas=schemas, channels=channels)
+
+
 def twins(
     urls: tuple[str, str],
     engines: tuple[sa.Engine, sa.Engine],

@@ -21,7 +21,16 @@ from typing import Any
 import awa
 import pytest
 import sqlalchemy as sa
-from administering import Twin, change, pg_call, same_job, snapshot, twin_pair, twins, until_failed
+from administering import (
+    Twin,
+    change,
+    pair_twins,
+    pg_call,
+    same_job,
+    snapshot,
+    twin_pair,
+    until_failed,
+)
 from runtimes import pg_url, rows, until_idle
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -92,8 +101,7 @@ def sides(
 
 
 def _both(sides: tuple[Twin, Twin], on_pg: Any, on_sa: Any) -> tuple[Any, Any, dict[str, Any], Any]:
-    urls, engines = (sides[0].url, sides[1].url), (sides[0].engine, sides[1].engine)
-    return twins(urls, engines, on_pg, on_sa, schemas=("awa",), channels=CHANNELS)
+    return pair_twins(sides, on_pg, on_sa, schemas=("awa",), channels=CHANNELS)
 
 
 def _ready(engine: sa.Engine, job_id: int) -> dict[str, Any]:

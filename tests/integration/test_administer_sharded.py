@@ -27,7 +27,7 @@ from typing import Any
 import awa
 import pytest
 import sqlalchemy as sa
-from administering import Twin, same_job, twin_pair, twins
+from administering import Twin, pair_twins, same_job, twin_pair
 from runtimes import pg_url, rows, until_idle
 
 import awa_sa
@@ -118,8 +118,7 @@ def sides(
 
 
 def _both(sides: tuple[Twin, Twin], on_pg: Any, on_sa: Any) -> tuple[Any, Any, dict[str, Any], Any]:
-    urls, engines = (sides[0].url, sides[1].url), (sides[0].engine, sides[1].engine)
-    return twins(urls, engines, on_pg, on_sa, schemas=("awa",), channels=CHANNELS)
+    return pair_twins(sides, on_pg, on_sa, schemas=("awa",), channels=CHANNELS)
 
 
 def _placed(engine: sa.Engine, ids: tuple[int, ...]) -> dict[int, int]:

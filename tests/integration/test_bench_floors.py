@@ -3,8 +3,8 @@
 What a loopback round trip costs on a 2-vCPU machine depends on the backend that answers it, so
 a floor on a connection of its own would be a different measurement from its form's
 (docs/performance.md#same-backend). Which backend served a call is read from
-``pg_stat_activity`` (the one whose last statement began last), between the call and the
-untimed step after it.
+``pg_stat_activity`` (the client backend whose last statement began last), between the call
+and the untimed step after it.
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ from bench.workload import Jobs
 
 LAST_SERVED = (
     "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-    " AND pid <> pg_backend_pid() ORDER BY query_start DESC LIMIT 1"
+    " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+    " ORDER BY query_start DESC LIMIT 1"
 )
+"""Client backends only: an autovacuum worker of the database shows a later ``query_start``."""
 
 
 @pytest.fixture

@@ -79,7 +79,7 @@ def bulk_lanes() -> Select[Any]:
         .cte("locked")
         .prefix_with("MATERIALIZED")
     )
-    after_locks = select(func.count()).select_from(locked).scalar_subquery() >= ZERO
+    after = select(func.count()).select_from(locked).scalar_subquery() >= ZERO
     writes = []
     for table, name in (
         (qs.queue_lanes, "lane_rows"),
@@ -89,13 +89,20 @@ def bulk_lanes() -> Select[Any]:
         columns = [lanes.c.queue, lanes.c.priority]
         if "enqueue_shard" in table.c:
             columns.append(SHARD0.label("enqueue_shard"))
-        source = select(*columns).where(after_locks)
-        writes.append(
+        source = select(*columns).where(after)
+        write = (
             pg_insert(table)
             .from_select([c.name for c in columns], source)
             .on_conflict_do_nothing()
+            .returning(table.c.queue)
             .cte(name)
         )
+        writes.append(write)
+        if name == "lane_rows":
+            # The head rows' triggers create the lane's sequences: a lane row another
+            # transaction has not committed yet is waited for first, as awa's own enqueue
+            # waits on it, rather than failing on that transaction's new sequences.
+            after = select(func.count()).select_from(write).scalar_subquery() >= ZERO
     query = select(func.count()).select_from(lanes)
     for write in writes:
         query = query.add_cte(write)

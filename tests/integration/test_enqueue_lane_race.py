@@ -1,12 +1,10 @@
-"""An open bug, pinned: a set-based batch racing a single enqueue onto a lane neither has made.
+"""A set-based batch racing a single enqueue onto a lane neither has made: it waits for the lane.
 
-The single `enqueue` (Awa's own ``insert_job_compat``) creates the new lane's sequences while
-its transaction is open; the batch's lane rows fire the heads' triggers, which create the same
-sequences, wait on the first transaction's catalog row, and fail when it commits
-(``pg_class_relname_nsp_index``, raised as ``UniqueConflict``): the batch is lost and must be
-retried. Two single enqueues do not fail so. docs/contract.md#bulk-enqueue says so; this test
-turns green, and must then lose its mark, when the batch waits for the lane as a single
-enqueue does.
+The single ``enqueue`` (Awa's own ``insert_job_compat``) creates the new lane's sequences while
+its transaction is open, and the batch's head rows' triggers create the same sequences. The
+batch writes its ``queue_lanes`` row first, and so waits on the single's uncommitted one, as a
+second single enqueue does, rather than meeting its uncommitted sequences and failing
+(``pg_class_relname_nsp_index``) when it commits.
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ import awa_sa
 
 
 @pytest.mark.parametrize("real_plane", ["active"], indirect=True)
-@pytest.mark.xfail(strict=True, raises=awa_sa.UniqueConflict, reason="the open lane race")
 def test_a_batch_racing_a_single_enqueue_onto_a_new_lane(real_plane: Cluster) -> None:
     engine = real_plane.engine
     first = engine.connect()

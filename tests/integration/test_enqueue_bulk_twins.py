@@ -8,12 +8,14 @@ the NOTIFYs heard must be the same. The batches cover what ``enqueue_many_copy``
 args, scheduled jobs (future and past), several lanes in one batch (per-job queues, their
 names in an order where bytes and collation differ), jobs with and without an ordering key in
 one lane (awa-pg numbers the keyed ones first), tags, metadata (a null inside it), unique jobs
-(claimed as scheduled, as available, or not at all), one job, and 10,000; then duplicates
+(claimed as scheduled, as available, or not at all), one job, and :data:`BIG` (10,000;
+``AWA_SA_BULK_TWINS_JOBS=100000`` for a batch of 100,000, some minutes); then duplicates
 against existing jobs and inside a batch, which both refuse writing nothing.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,6 +28,8 @@ from runtimes import pg_url
 import awa_sa
 from awa_sa.testing.server import EmbeddedPostgres
 
+BIG = int(os.environ.get("AWA_SA_BULK_TWINS_JOBS", "10000"))
+"""The largest batch's size."""
 QUEUES = ["default", "a", "b", "B", "é", "z", "big", "once", "later"]
 CHANNELS = [f"awa:{queue}" for queue in QUEUES]
 
@@ -65,7 +69,7 @@ BATCHES: list[Batch] = [
     ),
     ([{"n": 1}, {"n": 1}], {"kind": "loose", "unique_opts": {"states": 0b0000_0001}}, None),
     ([{"n": 0}], {"kind": "single", "priority": 1}, None),
-    ([{"n": n} for n in range(10_000)], {"kind": "big", "queue": "big"}, None),
+    ([{"n": n} for n in range(BIG)], {"kind": "big", "queue": "big"}, None),
 ]
 """Each batch as ``enqueue_many_copy`` takes it: args, keywords, per-job ``opts``."""
 

@@ -52,6 +52,14 @@ from awa_sa.callbacks.api import (
 )
 from awa_sa.callbacks.cel_engine import CelUnavailable, ExpressionRefused
 from awa_sa.callbacks.resolve import Resolved
+from awa_sa.callbacks.signing import (
+    CALLBACK_DEFAULT_HEARTBEAT_TIMEOUT_SECS,
+    CALLBACK_DEFAULT_PATH_PREFIX,
+    CALLBACK_SIGNATURE_HEADER,
+    build_callback_url,
+    sign_callback,
+    verify_callback,
+)
 from awa_sa.core.errors import (
     AmbiguousAttempt,
     AttemptNotFound,
@@ -107,6 +115,9 @@ from awa_sa.settle.results import (
 from awa_sa.settle.running import CANONICAL, RunningAttempt, attempt_of, running_attempts
 
 __all__ = [
+    "CALLBACK_DEFAULT_HEARTBEAT_TIMEOUT_SECS",
+    "CALLBACK_DEFAULT_PATH_PREFIX",
+    "CALLBACK_SIGNATURE_HEADER",
     "CANONICAL",
     "AmbiguousAttempt",
     "Attempt",
@@ -155,6 +166,7 @@ __all__ = [
     "UniqueConflict",
     "ValidationError",
     "attempt_of",
+    "build_callback_url",
     "bulk_move_failed_to_dlq",
     "bulk_retry_from_dlq",
     "cancel_by_unique_key",
@@ -191,4 +203,6 @@ __all__ = [
     "settle_attempts",
     "settle_canonical_attempt",
     "settle_canonical_attempts",
+    "sign_callback",
+    "verify_callback",
 ]

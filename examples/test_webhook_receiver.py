@@ -3,8 +3,10 @@ real HTTP request to the receiver ends it, with its payment row, in one transact
 
 A cluster built by awa-pg's migrations, its worker started first (queue storage, as a fresh
 cluster runs), whose ``charge_card`` handler registers a callback, "sends" its id to the
-provider (a list here) and parks. The receiver is served by uvicorn on a local port; each
-callback is a real ``POST``. Then: a paid charge's job completed with exactly its payment row;
+provider (a dict here) with its signature, and parks. The receiver is served by uvicorn on a
+local port; each callback is a real ``POST``. Then: a callback without the signature, or with
+another callback's, refused with 401 and nothing written, its job still waiting; a paid
+charge's job completed with exactly its payment row;
 the provider's retry of the same webhook answered 409 and nothing written twice; a declined
 charge failed with its row; and no charge ran again.
 
@@ -14,6 +16,7 @@ Skipped where awa-pg or the ``webhook`` extra (Starlette, uvicorn) is not instal
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import socket
 import threading
@@ -27,6 +30,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from awa_sa import CALLBACK_SIGNATURE_HEADER, sign_callback
 from awa_sa.testing.databases import Databases
 
 awa = pytest.importorskip("awa", reason="awa-pg is not installed")
@@ -36,6 +40,7 @@ import webhook_receiver  # noqa: E402 -- imports starlette
 
 pytestmark = pytest.mark.slow  # awa-pg's migrations, a real runtime, a served app
 WAIT_SECS = 120.0
+SECRET = hashlib.sha256(b"the receiver's callback secret").digest()
 
 
 @pytest.fixture
@@ -57,7 +62,7 @@ async def migrated(awa_databases: Databases) -> AsyncIterator[str]:
 def served(migrated: str) -> Iterator[str]:
     """The receiver served by uvicorn on a free local port, in a thread: its base URL."""
     url = sa.make_url(migrated).set(drivername="postgresql+psycopg")
-    app = webhook_receiver.receiver(url.render_as_string(hide_password=False))
+    app = webhook_receiver.receiver(url.render_as_string(hide_password=False), SECRET)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -78,12 +83,17 @@ def served(migrated: str) -> Iterator[str]:
         thread.join(WAIT_SECS)
 
 
-def post(base: str, callback_id: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+def post(
+    base: str, callback_id: str, body: dict[str, Any], signature: str | None
+) -> tuple[int, dict[str, Any]]:
     """A real HTTP request, as the provider sends it: its status and JSON answer."""
+    headers = {"Content-Type": "application/json"}
+    if signature is not None:
+        headers[CALLBACK_SIGNATURE_HEADER] = signature
     request = urllib.request.Request(
         f"{base}/callbacks/{callback_id}",
         data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
+        headers=headers,
         method="POST",
     )
     try:
@@ -97,12 +107,14 @@ async def test_each_webhook_ends_its_job_with_exactly_its_payment_row(
     migrated: str, served: str
 ) -> None:
     sent: dict[int, str] = {}  # order -> the callback id given to the "provider"
+    signed: dict[int, str] = {}  # order -> its signature, given with it
     charges: Counter[int] = Counter()
     client = awa.AsyncClient(migrated)
 
     async def charge_card(job: Any) -> Any:
         charges[job.args["order_id"]] += 1
         token = await job.register_callback(timeout_seconds=3600)
+        signed[job.args["order_id"]] = sign_callback(SECRET, token.id)
         sent[job.args["order_id"]] = token.id  # the provider is told where to call back
         return awa.WaitForCallback(token)
 
@@ -118,10 +130,20 @@ async def test_each_webhook_ends_its_job_with_exactly_its_payment_row(
         await until(lambda: set(sent) == {1, 2}, "both charges parked")
         await until_parked(migrated, len(jobs))
 
-        paid = await asyncio.to_thread(post, served, sent[1], {"status": "paid"})
-        again = await asyncio.to_thread(post, served, sent[1], {"status": "paid"})
+        refused = [
+            await asyncio.to_thread(post, served, sent[1], {"status": "paid"}, signature)
+            for signature in (None, signed[2], tampered(signed[1]), signed[1] + "0")
+        ]
+        waiting, rows_after_refused = await parked_and_paid(migrated)
+
+        paid = await asyncio.to_thread(post, served, sent[1], {"status": "paid"}, signed[1])
+        again = await asyncio.to_thread(post, served, sent[1], {"status": "paid"}, signed[1])
         declined = await asyncio.to_thread(
-            post, served, sent[2], {"status": "declined", "reason": "insufficient funds"}
+            post,
+            served,
+            sent[2],
+            {"status": "declined", "reason": "insufficient funds"},
+            signed[2].upper(),  # either case, as Awa reads hex
         )
         # A job enqueued after them runs, so a charge that ran again would have by then.
         sentinel = await client.insert(
@@ -133,6 +155,8 @@ async def test_each_webhook_ends_its_job_with_exactly_its_payment_row(
         await client.shutdown()
         await client.close()
 
+    assert refused == [(401, {"error": "invalid callback signature"})] * 4
+    assert (waiting, rows_after_refused) == (2, 0)
     assert paid == (
         200,
         {"order_id": 1, "status": "paid", "job_id": jobs[1], "job_state": "completed"},
@@ -161,6 +185,27 @@ async def test_each_webhook_ends_its_job_with_exactly_its_payment_row(
     }
     assert states == {jobs[1]: "completed", jobs[2]: "failed"}
     assert charges == Counter({1: 1, 2: 1, 3: 1})
+
+
+def tampered(signature: str) -> str:
+    """The same signature with its last digit changed: still 64 hex digits."""
+    return signature[:-1] + ("1" if signature[-1] == "0" else "0")
+
+
+async def parked_and_paid(url: str) -> tuple[int, int]:
+    """How many jobs wait on their callback, and how many payment rows there are."""
+    engine = create_async_engine(sa.make_url(url).set(drivername="postgresql+psycopg"))
+    try:
+        async with engine.connect() as conn:
+            waiting = await conn.execute(
+                sa.text("SELECT count(*) FROM awa.leases WHERE state = 'waiting_external'")
+            )
+            paid = await conn.execute(
+                sa.select(sa.func.count()).select_from(webhook_receiver.payments)
+            )
+            return waiting.scalar_one(), paid.scalar_one()
+    finally:
+        await engine.dispose()
 
 
 async def until(done: Any, what: str) -> None:

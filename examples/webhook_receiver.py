@@ -8,13 +8,20 @@ paid charge, ``fail_external`` for a declined one. Both commit together or not a
 completed job without its payment row, no payment row whose job still waits and would charge
 again after its callback timeout.
 
+The handler also hands the provider the callback id's signature (``awa_sa.sign_callback``, the
+scheme Awa's own HTTP worker uses), which the provider sends back in the ``X-Awa-Signature``
+header. The app checks it (``awa_sa.verify_callback``) before it opens a transaction: a request
+without it, or with another, is answered 401 and nothing is written, so only a caller given
+the signature with the callback id can end its job.
+
 A callback that finds no wait (the provider's retry of a webhook already handled, or a wait the
 timeout rescue or a cancel ended first) gets ``None``: the app rolls its row back and answers
 409, so each charge is recorded exactly once whatever the provider retries.
 
 Needs the ``webhook`` extra (Starlette, and uvicorn to serve it): ``pip install
 'awa-sa[async,webhook]'``. Serve it with ``uvicorn webhook_receiver:app`` and
-``$DATABASE_URL`` (SQLAlchemy's, ``postgresql+psycopg://...``).
+``$DATABASE_URL`` (SQLAlchemy's, ``postgresql+psycopg://...``) and
+``$AWA_CALLBACK_HMAC_SECRET`` (the 32-byte secret the handler signs with, as 64 hex digits).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from awa_sa import CALLBACK_SIGNATURE_HEADER, verify_callback
 from awa_sa.asyncio import complete_external, fail_external
 
 KIND = "charge_card"
@@ -75,9 +83,10 @@ async def receive(engine: AsyncEngine, callback_id: str, body: dict[str, Any]) -
         return {**row, "job_state": job.state}
 
 
-def receiver(database_url: str) -> Starlette:
+def receiver(database_url: str, secret: bytes) -> Starlette:
     """The app: ``POST /callbacks/{callback_id}`` with the provider's JSON body
-    (``{"status": "paid"}`` or ``{"status": "declined", "reason": ...}``)."""
+    (``{"status": "paid"}`` or ``{"status": "declined", "reason": ...}``) and the callback id's
+    signature under *secret* in the ``X-Awa-Signature`` header."""
     state: dict[str, AsyncEngine] = {}
 
     @asynccontextmanager
@@ -91,6 +100,9 @@ def receiver(database_url: str) -> Starlette:
 
     async def callback(request: Request) -> JSONResponse:
         callback_id = request.path_params["callback_id"]
+        signature = request.headers.get(CALLBACK_SIGNATURE_HEADER, "")
+        if not verify_callback(secret, callback_id, signature):
+            return JSONResponse({"error": "invalid callback signature"}, status_code=401)
         body = await request.json()
         try:
             done = await receive(state["engine"], callback_id, body)
@@ -103,4 +115,6 @@ def receiver(database_url: str) -> Starlette:
 
 
 if "DATABASE_URL" in os.environ:  # `uvicorn webhook_receiver:app`
-    app = receiver(os.environ["DATABASE_URL"])
+    app = receiver(
+        os.environ["DATABASE_URL"], bytes.fromhex(os.environ["AWA_CALLBACK_HMAC_SECRET"])
+    )

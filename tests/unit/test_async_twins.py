@@ -18,10 +18,16 @@ import awa_sa.asyncio as awa_async
 
 SYNC_ONLY = {
     "CANONICAL": "a constant: RunningAttempt.storage of a canonical attempt",
+    "CALLBACK_SIGNATURE_HEADER": "a constant: the header a callback's signature comes in",
+    "CALLBACK_DEFAULT_PATH_PREFIX": "a constant: where Awa mounts the callback routes",
+    "CALLBACK_DEFAULT_HEARTBEAT_TIMEOUT_SECS": "a constant: a heartbeat's default timeout",
 }
 """Public names of ``awa_sa`` that are neither functions nor values by nature, with no twin."""
 NO_IO = {
     "jobs_view": "builds a selectable and touches no connection: the same one serves both faces",
+    "sign_callback": "a keyed hash of a callback id: no connection",
+    "verify_callback": "a keyed hash compared: no connection",
+    "build_callback_url": "a string put together: no connection",
 }
 """Public functions of ``awa_sa`` that do no I/O, so have nothing to await: no twin."""
 

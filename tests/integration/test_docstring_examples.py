@@ -2,9 +2,10 @@
 
 Each docstring's examples are one doctest, run on a fresh database (the plugin's
 ``awa_engine``) given to it as ``engine``: the only name an example does not import itself, so a
-reader can paste one into a session that has an engine. A module whose docstrings gain an
-example is picked up here without a change; one of the public entry points losing its example
-fails the last test.
+reader can paste one into a session that has an engine. A module of :data:`MODULES` whose
+docstrings gain an example is picked up here without a change (a module's examples that need no
+database run in its own unit tests); one of the public entry points losing its example fails the
+last test.
 """
 
 from __future__ import annotations

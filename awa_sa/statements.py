@@ -18,13 +18,18 @@ its VALUES/SET parameter in ``insert()``/``update()``.
 """
 
 from awa_sa.administer.statements.available import (
+    available_claims,
     available_lane,
     cancel_available,
     claim_head_lock,
     drain_targets,
     unique_candidate,
 )
-from awa_sa.administer.statements.callback_leases import cancel_lease, retry_lease
+from awa_sa.administer.statements.callback_leases import (
+    cancel_lease,
+    lease_claims_cancelled,
+    retry_lease,
+)
 from awa_sa.administer.statements.canonical import (
     cancel_job_canonical,
     discard_failed_canonical,
@@ -34,7 +39,7 @@ from awa_sa.administer.statements.canonical import (
 )
 from awa_sa.administer.statements.deferred import (
     cancel_deferred,
-    claims_cancelled_only,
+    deferred_claims,
     deferred_lane,
 )
 from awa_sa.administer.statements.dlq import list_dlq_rows, move_to_dlq, purge_dlq_rows
@@ -96,6 +101,7 @@ __all__ = [
     "ROUTING_BODY_MD5",
     "all_builders",
     "attempt_lookup",
+    "available_claims",
     "available_lane",
     "bulk_canonical",
     "bulk_lanes",
@@ -111,8 +117,8 @@ __all__ = [
     "claim_head_lock",
     "claim_of_job",
     "claim_unique_keys",
-    "claims_cancelled_only",
     "clock",
+    "deferred_claims",
     "deferred_lane",
     "discard_failed_canonical",
     "discard_failed_qs",
@@ -138,6 +144,7 @@ __all__ = [
     "insert_deferred",
     "insert_jobs",
     "lane_lock",
+    "lease_claims_cancelled",
     "list_dlq_rows",
     "list_jobs_rows",
     "move_if_canonical",

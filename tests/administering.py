@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import awa
 import psycopg
 import sqlalchemy as sa
-from conftest import cloned
+from conftest import QUIESCED_FLIP, cloned, run_awa
 from jobs import RUNTIME_CLOCK, plane_tables, sequences
 from runtimes import hold_leadership, pg_url, rows
 
@@ -39,6 +39,29 @@ BOOKKEEPING = RUNTIME_CLOCK | {"runtime_storage_backends"}
 class Twin(NamedTuple):
     url: str
     engine: sa.Engine
+
+
+class Phase(NamedTuple):
+    """A queue-storage phase twins are compared in: its routing schema, the schemas a snapshot
+    reads, and what a real worker's ``start`` takes to run there."""
+
+    name: str
+    schema: str
+    schemas: tuple[str, ...]
+    start: dict[str, Any]
+
+
+PHASES = {
+    # The twin's first real runtime auto-finalizes it to queue storage in schema awa.
+    "active": Phase("active", "awa", ("awa",), {}),
+    # The real CLI prepares awa_qs and flips; a queue_storage_target worker runs there.
+    "mixed_transition": Phase(
+        "mixed_transition",
+        "awa_qs",
+        ("awa", "awa_qs"),
+        {"queue_storage_schema": "awa_qs", "storage_transition_role": "queue_storage_target"},
+    ),
+}
 
 
 def masked(text: str) -> str:
@@ -151,14 +174,41 @@ def twin_pair(
     databases: Databases,
     template: str,
     prepare: Callable[[Twin], Coroutine[Any, Any, Any]],
+    phase: Phase = PHASES["active"],
 ) -> Iterator[tuple[Twin, Twin]]:
-    """Two twins of *template*, each made ready by *prepare* (a real worker's run, as a rule),
-    for a module's fixture to ``yield from``; closed when it resumes."""
+    """Two twins of *template*, each in *phase* (mixed_transition: flipped by the real CLI
+    first) and made ready by *prepare* (a real worker's run, as a rule), for a module's
+    fixture to ``yield from``; closed when it resumes."""
     with ExitStack() as stack:
         made = [twin(stack, pg, databases, template) for _ in range(2)]
         for side in made:
+            if phase.name == "mixed_transition":
+                _flip(pg, side)
             asyncio.run(prepare(side))
         yield made[0], made[1]
+
+
+def _flip(pg: EmbeddedPostgres, side: Twin) -> None:
+    dbname = sa.make_url(side.url).database or ""
+    details = '{"schema": "awa_qs"}'
+    run_awa(pg, dbname, "storage", "prepare", "--engine", "queue_storage", "--details", details)
+    run_awa(pg, dbname, *QUIESCED_FLIP)
+    found = rows(
+        side.engine,
+        "SELECT state, awa.active_queue_storage_schema() AS s FROM awa.storage_transition_state",
+    )
+    assert (found[0]["state"], found[0]["s"]) == ("mixed_transition", "awa_qs"), found
+
+
+async def until_routed(side: Twin, phase: Phase) -> None:
+    """Until the twin routes to *phase*'s schema: at once in mixed_transition, after its
+    first runtime's auto-finalize on active (polled at the runtime's own pace)."""
+    for _ in range(1200):
+        found = rows(side.engine, "SELECT awa.active_queue_storage_schema() AS s")
+        if found[0]["s"] == phase.schema:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the twin did not route to {phase.schema} within 60 s")
 
 
 def pair_twins(

@@ -227,7 +227,10 @@ def cancel_job(bind: Engine | Connection | Session, job_id: int) -> JobRow | Non
     routing is queue storage, a live job of the routing schema is cancelled as awa-pg cancels
     it there (an available one but for awa-pg's later claim-cursor move, and its lane's claim
     head locked until the transaction ends); a terminal or unknown job raises
-    :class:`~awa_sa.core.errors.QueueStorageJobs` (docs/contract.md#cancel).
+    :class:`~awa_sa.core.errors.QueueStorageJobs` (docs/contract.md#cancel). There, as in
+    awa-pg, a job whose unique mask claims ``cancelled`` takes its key for the cancelled row,
+    and a key another job holds raises :class:`~awa_sa.core.errors.UniqueConflict` with
+    nothing written, the transaction still usable.
     """
     check_bind(bind)
     return administered(bind, cancel_job_step(job_id))

@@ -19,6 +19,7 @@ from sqlalchemy import Connection
 from awa_sa.administer.statements.callback_leases import (
     Verb,
     cancel_lease,
+    lease_claims_cancelled,
     lease_claims_retried,
     lease_target,
     retry_lease,
@@ -31,7 +32,7 @@ from awa_sa.administer.statements.lanes import (
     sharded_queues,
 )
 from awa_sa.core.compiled import run
-from awa_sa.core.errors import DatabaseError, QueueStorageJobs, UniqueConflict
+from awa_sa.core.errors import DatabaseError, UniqueConflict
 from awa_sa.settle.statements.duplicate import (
     ENSURE_CLAIM_HEAD,
     ENSURE_ENQUEUE_HEAD,
@@ -42,8 +43,9 @@ from awa_sa.settle.statements.duplicate import (
     Lane,
     lane_lock,
 )
-from awa_sa.tables.canonical import JOB_STATES
 from awa_sa.tables.queue_storage import translate_map
+
+_CLAIM = "idx_awa_jobs_unique"
 
 
 def ready_ring(conn: Connection, schema: str, lanes: Iterable[tuple[str, int, int]]) -> Any:
@@ -99,26 +101,24 @@ def shard_binds(shards: Mapping[int, int]) -> dict[str, list[int]]:
 
 
 def _lease(conn: Connection, schema: str, job_id: int, verb: Verb) -> Any:
-    """The job's lease, locked, or None; refused where awa-sa cannot write it as awa-pg."""
+    """The job's lease, locked, or None."""
     options = {"schema_translate_map": translate_map(schema)}
-    lease = conn.execute(
+    return conn.execute(
         lease_target(verb=verb), {"b_job_id": job_id}, execution_options=options
     ).first()
-    if lease is None:
-        return None
-    if verb == "cancel" and _claims_only_cancelled(lease):
-        why = f"job {job_id}'s unique mask claims cancelled but not its state"
-        raise QueueStorageJobs("cancel_job", schema, why)
-    return lease
 
 
-def _claims_only_cancelled(lease: Any) -> bool:
-    """awa-pg would take the claim for the cancelled row; this cancel does not, so refuses."""
-    mask = lease.unique_states
-    if lease.unique_key is None or mask is None:
-        return False
-    claims = {name: mask[i : i + 1] == "1" for i, name in enumerate(JOB_STATES)}
-    return claims["cancelled"] and not claims[lease.state]
+def claim_moved(
+    conn: Connection, schema: str, claims: Any, binds: Mapping[str, Any], becomes: str
+) -> None:
+    """Run *claims* (a :func:`~awa_sa.administer.statements.failed_retry.claims_moved`
+    statement) for the jobs' claims as they become *becomes* (``cancelled``, ``retried``),
+    before anything else of the call is written: a key another job holds raises awa-pg's
+    UniqueConflict with nothing written, the transaction still usable."""
+    options = {"schema_translate_map": translate_map(schema)}
+    moved = conn.execute(claims, binds, execution_options=options).one()
+    if moved.taken < moved.wanted:
+        raise UniqueConflict(_CLAIM, f"a {becomes} job's unique key is held by another job")
 
 
 def cancelled_lease(conn: Connection, schema: str, job_id: int) -> JobRow | None:
@@ -126,6 +126,7 @@ def cancelled_lease(conn: Connection, schema: str, job_id: int) -> JobRow | None
     awa-pg does, its handler told by the ``awa:cancel`` NOTIFY; None when it has no lease."""
     if _lease(conn, schema, job_id, "cancel") is None:
         return None
+    claim_moved(conn, schema, lease_claims_cancelled(), {"b_job_id": job_id}, "cancelled")
     options = {"schema_translate_map": translate_map(schema)}
     row = conn.execute(cancel_lease(), {"b_job_id": job_id}, execution_options=options).first()
     if row is None:  # awa-pg's hydration fails there too; the caller's rollback undoes it
@@ -140,10 +141,7 @@ def retried_lease(conn: Connection, schema: str, job_id: int) -> JobRow | None:
     if lease is None:
         return None
     options = {"schema_translate_map": translate_map(schema)}
-    ids = {"b_job_ids": [job_id]}
-    claims = conn.execute(lease_claims_retried(), ids, execution_options=options).one()
-    if claims.taken < claims.wanted:
-        raise UniqueConflict("idx_awa_jobs_unique", "a retried job's unique key is held")
+    claim_moved(conn, schema, lease_claims_retried(), {"b_job_ids": [job_id]}, "retried")
     ring = ready_ring(conn, schema, [(lease.queue, lease.priority, 0)])  # one pick: shard 0
     at_ring = {
         "b_job_id": job_id,

@@ -93,6 +93,7 @@ def drain_queue_step(queue: object) -> Step[int]:
 def drain_queue(bind: Engine | Connection | Session, queue: str) -> int:
     """Cancel every pending job of *queue* (available, scheduled, retryable, waiting on a
     callback) as awa-pg's ``Client.drain_queue`` does; how many were cancelled. Running jobs
-    go on. ``bind`` and the errors are as for :func:`~awa_sa.cancel_job`."""
+    go on. ``bind`` and the errors are as for :func:`~awa_sa.cancel_job`; on queue storage a
+    drain that raises is undone whole (a savepoint), as awa-pg's own transaction is."""
     check_bind(bind)
     return administered(bind, drain_queue_step(queue))

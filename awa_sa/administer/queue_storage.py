@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from awa_sa.administer.callback_leases import (
+    claim_moved,
     ready_ring,
     retried_lease,
     shard_binds,
@@ -40,7 +41,6 @@ from awa_sa.administer.statements.failed_retry import (
     retry_done,
     retry_targets,
 )
-from awa_sa.core.errors import UniqueConflict
 from awa_sa.core.job_rows import JobRow
 from awa_sa.settle.statements.receipt_settles import receipt_lock
 from awa_sa.tables.queue_storage import translate_map
@@ -83,9 +83,9 @@ def retried(
     if ids:
         leases = {"b_job_id": ids, "b_run_lease": [int(t.run_lease) for t in targets]}
         conn.execute(receipt_lock(batch=True), leases)
-        _claim(conn, retry_claims(), ids, options)
+        claim_moved(conn, schema, retry_claims(), {"b_job_ids": ids}, "retried")
     if lease_ids:
-        _claim(conn, lease_claims_retried(), lease_ids, options)
+        claim_moved(conn, schema, lease_claims_retried(), {"b_job_ids": lease_ids}, "retried")
     lanes = [(t.queue, t.priority, shards[int(t.job_id)]) for t in in_order]
     ring = ready_ring(conn, schema, lanes)
     at_ring = {
@@ -99,14 +99,6 @@ def retried(
     written = retry_done_resuming() if lease_ids else retry_done()
     rows = conn.execute(written, at_ring, execution_options=options).all()
     return [JobRow(**ready_job_fields(row), storage=schema) for row in rows], matched, pruned
-
-
-def _claim(conn: Connection, claims: Any, ids: list[int], options: Mapping[str, Any]) -> None:
-    """The claims of the jobs *ids* as they become available; a key another job holds
-    raises, as awa-pg's retry does."""
-    moved = conn.execute(claims, {"b_job_ids": ids}, execution_options=options).one()
-    if moved.taken < moved.wanted:
-        raise UniqueConflict("idx_awa_jobs_unique", "a retried job's unique key is held")
 
 
 def discarded(conn: Connection, schema: str, kind: str) -> int:

@@ -17,8 +17,9 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from awa_sa.administer.callback_leases import cancelled_lease
+from awa_sa.administer.callback_leases import cancelled_lease, claim_moved
 from awa_sa.administer.statements.available import (
+    available_claims,
     available_lane,
     cancel_available,
     claim_head_lock,
@@ -29,7 +30,7 @@ from awa_sa.administer.statements.deferred import (
     cancel_deferred,
     cancel_notify,
     cancelled_attempt,
-    claims_cancelled_only,
+    deferred_claims,
     deferred_lane,
     done_job_fields,
 )
@@ -49,7 +50,6 @@ from awa_sa.settle.statements.receipt_settles import RECEIPT_LOCKS, SETTLE_RECEI
 from awa_sa.tables.queue_storage import translate_map
 
 _CALLBACK_MEANWHILE = "job {} registered a callback meanwhile (a leases row): call again"
-_MASK = "job {}'s unique mask claims cancelled but not its state"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +66,13 @@ def drained(conn: Connection, schema: str, queue: str) -> int:
     one that ended meanwhile is passed over, as awa-pg passes it. How many were cancelled."""
     options = {"schema_translate_map": translate_map(schema)}
     ids = conn.execute(drain_targets(), {"b_key": queue}, execution_options=options).scalars()
-    return sum(len(cancel_on_queue_storage(conn, schema, int(i), gone_ok=True)) for i in ids)
+    pending = [int(i) for i in ids]
+    if not pending:
+        return 0
+    # awa-pg drains in one transaction of its own, rolled back whole by a refusal (a key another
+    # job holds): a savepoint does that here, the caller's transaction left as it was.
+    with conn.begin_nested():
+        return sum(len(cancel_on_queue_storage(conn, schema, i, gone_ok=True)) for i in pending)
 
 
 def cancel_on_queue_storage(
@@ -87,8 +93,7 @@ def cancel_on_queue_storage(
         if waiting is not None:
             return [waiting]
         return _cancel_running(conn, schema, job_id, gone_ok=gone_ok)
-    if conn.execute(claims_cancelled_only(), binds, execution_options=options).scalar_one():
-        raise QueueStorageJobs("cancel_job", schema, _MASK.format(job_id))
+    claim_moved(conn, schema, deferred_claims(), binds, "cancelled")
     ring = run(conn, RING_CURSOR, None, schema)
     if ring is None:
         raise DatabaseError(f"{schema}.queue_ring_state has no singleton row")
@@ -111,10 +116,9 @@ def _cancel_available(conn: Connection, schema: str, job_id: int) -> list[Any]:
     lane = conn.execute(available_lane(), binds, execution_options=options).first()
     if lane is None:
         return []
-    if lane.refused:
-        raise QueueStorageJobs("cancel_job", schema, _MASK.format(job_id))
     head = {"b_queue": lane.queue, "b_priority": lane.priority, "b_shard": lane.enqueue_shard}
     conn.execute(claim_head_lock(), head, execution_options=options).all()
+    claim_moved(conn, schema, available_claims(), binds, "cancelled")
     rows = conn.execute(cancel_available(), binds, execution_options=options).all()
     return [JobFields(done_job_fields(row), schema) for row in rows]
 

@@ -11,9 +11,9 @@ and ``WaitForCallback`` leave, but for ``attempt_state``); failed ones, settled 
 the runtime fails them; and one failed whose lease then waits too (the state awa-pg's bulk
 retry resumes); two more failed ones for the dead-letter queue. Then ``cancel_job`` and
 ``retry_job`` of the waits, ``retry_failed`` and ``discard_failed``, then the DLQ's bulk move,
-``retry_from_dlq`` (scheduled for later) and ``bulk_retry_from_dlq``, in one caller's
-transaction per driver: the results and the rows read back equal psycopg 3's, but for ids,
-clocks and the driver's names.
+``retry_from_dlq`` (scheduled for later) and ``bulk_retry_from_dlq``, last a ``drain_queue``
+(its savepoint), in one caller's transaction per driver: the results and the rows read back
+equal psycopg 3's, but for ids, clocks and the driver's names.
 """
 
 from __future__ import annotations
@@ -137,6 +137,7 @@ def _administered(url: str, driver: str, tag: str) -> tuple[list[Any], list[Any]
                 awa_sa.bulk_move_failed_to_dlq(conn, kind=f"{tag}_dead"),
                 awa_sa.retry_from_dlq(conn, jobs["dead"], run_at=LATER),
                 awa_sa.bulk_retry_from_dlq(conn, kind=f"{tag}_dead"),
+                awa_sa.drain_queue(conn, f"q_{tag}"),  # under a savepoint of its own
             ]
     finally:
         own.dispose()
@@ -163,10 +164,12 @@ def test_queue_storage_verbs_through_the_driver_as_through_psycopg_3(
 ) -> None:
     got, rows = _administered(url, driver, driver)
     assert (got, rows) == reference
-    cancelled, retried, bulk, discarded, dead, later, revived = got
+    cancelled, retried, bulk, discarded, dead, later, revived, drained = got
     assert (cancelled[2], retried[2], discarded) == ("cancelled", "available", 2)
     assert (len(bulk[0]), bulk[1]) == (3, 3)  # the two failed and the resumed wait
     assert ("lease waiting_external", None, 1, None) not in rows  # every wait ended
     assert ("done failed", "T_fail", 1, None) in rows  # the resumed job's failed row stays
     assert (dead, later[2], revived) == (2, "scheduled", 1)
-    assert ("deferred scheduled", "T_dead", 0, None) in rows
+    assert drained == 6  # the 4 retried, the 1 revived, the 1 scheduled
+    assert ("done cancelled", "T_dead", 0, None) in rows  # the scheduled one, drained
+    assert not [r for r in rows if r[0].startswith("deferred")]

@@ -5,11 +5,11 @@ cancels it in place, as awa-pg 0.6.9's ``Client.cancel`` and Awa's transactional
 ``cancel_tx`` both write it: a ``ready_tombstones`` row (the claim skips a tombstoned lane
 number), and a ``cancelled`` ``done_entries`` row of its own under the ready row's own slot,
 generation, lane and number, with the ready row's columns and no payload of its own (the
-ready row keeps it), a ``+1`` terminal-count delta, and the unique claim released where the
-mask claims ``available`` but not ``cancelled``. awa-pg then moves the claim cursor past the
-row after its commit when the row was the lane's head; ``cancel_tx`` does not, and neither
-does this: a sequence cannot be rolled back with the caller's transaction
-(docs/contract.md#cancel).
+ready row keeps it), and a ``+1`` terminal-count delta; before them the unique claim moves
+from ``available`` to ``cancelled`` where the mask says (:func:`available_claims`). awa-pg then
+moves the claim cursor past the row after its commit when the row was the lane's head;
+``cancel_tx`` does not, and neither does this: a sequence cannot be rolled back with the
+caller's transaction (docs/contract.md#cancel).
 
 One thing is read that awa-pg's target does not read: whether a claim already spent the row
 (its ``ready_claim_attempt_batches`` range, or a receipt or lease of the next run lease). A
@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import (
+    CTE,
     BigInteger,
     ColumnElement,
     LargeBinary,
@@ -31,7 +32,6 @@ from sqlalchemy import (
     Text,
     and_,
     bindparam,
-    delete,
     exists,
     func,
     insert,
@@ -44,13 +44,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
+from awa_sa.administer.statements.failed_retry import claims_moved
 from awa_sa.core.internals import SchemaTranslatedFunction
 from awa_sa.core.registry import statement
 from awa_sa.core.sql import state
 from awa_sa.settle.statements.duplicate import insert_terminal_delta
-from awa_sa.settle.statements.receipt_writes import ONE, claims_in
+from awa_sa.settle.statements.receipt_writes import ONE
 from awa_sa.tables import queue_storage as qs
-from awa_sa.tables.canonical import job_unique_claims
 from awa_sa.tables.runtime import ready_tombstones
 
 LANE = ("queue", "priority", "enqueue_shard")
@@ -113,17 +113,11 @@ def _available(ready: Any) -> ColumnElement[bool]:
 @statement
 def available_lane() -> Select[Any]:
     """The job's lane while it looks available, unlocked: the flow then locks the lane's claim
-    head and cancels; and whether its mask claims ``cancelled`` but not ``available``
-    (awa-pg would take the claim then, which this cancel does not: refused)."""
+    head, moves the claim and cancels."""
     ready = qs.ready_entries.alias("ready")
     r = ready.c
-    refused = and_(
-        r.unique_key.is_not(None),
-        claims_in(r.unique_states, "cancelled"),
-        ~claims_in(r.unique_states, "available"),
-    )
     return (
-        select(r.queue, r.priority, r.enqueue_shard, refused.label("refused"))
+        select(r.queue, r.priority, r.enqueue_shard)
         .where(_available(ready))
         .order_by(r.lane_seq.desc())
         .limit(ONE)
@@ -148,13 +142,11 @@ def claim_head_lock() -> Select[Any]:
     )
 
 
-@statement
-def cancel_available() -> Select[Any]:
-    """Tombstone the job's available ready row and file it cancelled, with its delta and its
-    claim released; answers the row written with the ready row's payload, or no row when the
-    job was no longer available."""
+def _target() -> CTE:
+    """The job's available ready row, locked (``SKIP LOCKED``: a row another cancel holds is
+    gone for this one)."""
     ready = qs.ready_entries.alias("ready")
-    target = (
+    return (
         select(ready)
         .where(_available(ready))
         .order_by(ready.c.lane_seq.desc())
@@ -162,6 +154,24 @@ def cancel_available() -> Select[Any]:
         .with_for_update(of=ready, skip_locked=True)
         .cte("target")
     )
+
+
+@statement
+def available_claims() -> Select[Any]:
+    """The available job's claim as it becomes ``cancelled``, as awa-pg's ``sync_unique_claim``
+    moves it before the cancelled row (``failed_retry.claims_moved``: ``taken`` short of
+    ``wanted`` when another job holds the key)."""
+    t = _target().c
+    targets = select(t.job_id, state("available").label("state"), t.unique_key, t.unique_states)
+    return claims_moved(targets.cte("targets"), ("available",), "cancelled")
+
+
+@statement
+def cancel_available() -> Select[Any]:
+    """Tombstone the job's available ready row and file it cancelled, with its delta (its
+    claim moved first: :func:`available_claims`); answers the row written with the ready
+    row's payload, or no row when the job was no longer available."""
+    target = _target()
     t = target.c
     tomb_columns = [*LANE_ROW, "job_id"]
     tombstone = (
@@ -184,26 +194,9 @@ def cancel_available() -> Select[Any]:
         .cte("written")
     )
     delta = insert_terminal_delta(written)
-    claims = job_unique_claims.c
-    released = (
-        delete(job_unique_claims)
-        .where(
-            claims.unique_key == t.unique_key,
-            claims.job_id == t.job_id,
-            claims_in(t.unique_states, "available"),
-            ~claims_in(t.unique_states, "cancelled"),
-        )
-        .returning(claims.job_id)
-        .cte("released")
-    )
-    kept = select(func.count()).select_from(released).scalar_subquery()
     w = written.c
     return (
-        select(
-            *(w[c.name] for c in done.c if c.name != "payload"),
-            t.payload,
-            kept.label("released"),
-        )
+        select(*(w[c.name] for c in done.c if c.name != "payload"), t.payload)
         .select_from(written.join(delta, true()).join(target, t.job_id == w.job_id))
         .add_cte(tombstone)
     )

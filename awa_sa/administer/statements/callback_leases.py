@@ -8,8 +8,8 @@ what it does for every lease it deletes: reads the job back from its ready row, 
 attempt's ``attempt_state`` row (a flushed progress goes into the payload), and closes the
 receipt as ``rescue`` (a closure row, and ``closed_at``). Then the cancel files a ready-backed
 ``cancelled`` row in ``done_entries`` (the payload stored unless empty or the ready row's own),
-appends its ``+1`` terminal delta, releases the unique claim where the mask claimed the lease's
-state and does not claim ``cancelled``, and sends the ``awa:cancel`` NOTIFY; the retry
+appends its ``+1`` terminal delta and sends the ``awa:cancel`` NOTIFY, its unique claim moved
+from the lease's state to ``cancelled`` first (:func:`lease_claims_cancelled`); the retry
 enqueues the job again as a failed job's retry does
 (:func:`~awa_sa.administer.statements.requeue.enqueued_again`), after its claim
 (:func:`lease_claims_retried`). awa-pg's bulk retry of failed jobs retries each matched job's
@@ -59,9 +59,8 @@ from awa_sa.core.registry import statement
 from awa_sa.core.sql import EMPTY_ARRAY, EMPTY_OBJECT, concat, state
 from awa_sa.settle.statements.duplicate import insert_terminal_delta
 from awa_sa.settle.statements.receipt_targets import json_key, text_literal
-from awa_sa.settle.statements.receipt_writes import claims_in, insert_rows
+from awa_sa.settle.statements.receipt_writes import insert_rows
 from awa_sa.tables import queue_storage as qs
-from awa_sa.tables.canonical import job_unique_claims
 
 Verb = Literal["cancel", "retry"]
 HELD = {"cancel": ("running", "waiting_external"), "retry": ("waiting_external",)}
@@ -281,44 +280,44 @@ def cancel_lease() -> Select[Any]:
         "payload": stored,
     }
     written = insert_rows(done, values).returning(*done.c).cte("written")
-    claims = job_unique_claims.c
-    held = claims_in(h.c.unique_states, cast(h.c.state, Text))
-    released = (
-        delete(job_unique_claims)
-        .where(
-            claims.unique_key == h.c.unique_key,
-            claims.job_id == h.c.job_id,
-            held,
-            ~claims_in(h.c.unique_states, text_literal("cancelled")),
-        )
-        .returning(claims.job_id)
-        .cte("released")
-    )
     w = written.c
     answer = select(
         *job_row_after(written, h),
         h.c.payload,
         cancel_notice(w.job_id, w.run_lease).label("notified"),
     ).select_from(written.join(h, h.c.job_id == w.job_id))
-    effects = [*receipts_closed(gone), insert_terminal_delta(written), released]
+    effects = [*receipts_closed(gone), insert_terminal_delta(written)]
     return answer.add_cte(*effects)
+
+
+def _lease_targets(leased: ColumnElement[bool]) -> CTE:
+    """The leases *leased* picks, with their ready rows' key and mask."""
+    lease, ready = qs.leases, qs.ready_entries.c
+    return (
+        select(lease.c.job_id, lease.c.state, ready.unique_key, ready.unique_states)
+        .select_from(lease.join(qs.ready_entries, _ready_of(lease)))
+        .where(leased)
+        .cte("targets")
+    )
 
 
 @statement
 def lease_claims_retried() -> Select[Any]:
     """The claims of the leases of ``b_job_ids`` as they become available again (as
     :func:`~awa_sa.administer.statements.failed_retry.retry_claims` counts them)."""
-    lease, ready = qs.leases, qs.ready_entries.c
-    targets = (
-        select(lease.c.job_id, lease.c.state, ready.unique_key, ready.unique_states)
-        .select_from(lease.join(qs.ready_entries, _ready_of(lease)))
-        .where(
-            lease.c.job_id == func.any(bindparam("b_job_ids", type_=ARRAY(BigInteger))),
-            lease.c.state == state("waiting_external"),
-        )
-        .cte("targets")
+    ids = bindparam("b_job_ids", type_=ARRAY(BigInteger))
+    leased = and_(
+        qs.leases.c.job_id == func.any(ids), qs.leases.c.state == state("waiting_external")
     )
-    return claims_moved(targets, HELD["retry"])
+    return claims_moved(_lease_targets(leased), HELD["retry"])
+
+
+@statement
+def lease_claims_cancelled() -> Select[Any]:
+    """The claim of the job's lease as it becomes ``cancelled``, as awa-pg's
+    ``sync_unique_claim`` moves it before the cancelled row (``taken`` short of ``wanted``:
+    another job holds the key, awa-pg's UniqueConflict)."""
+    return claims_moved(_lease_targets(_leased("cancel")), HELD["cancel"], "cancelled")
 
 
 @statement

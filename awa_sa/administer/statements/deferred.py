@@ -3,10 +3,12 @@
 A job waiting in ``S.deferred_jobs`` never entered a lane. awa-pg's cancel deletes its row and
 files it as a terminal ``cancelled`` row of ``S.done_entries`` at the ring cursor, on shard 0
 of its ``(queue, priority)`` lane (ensured first) under the synthetic ``lane_seq = -job_id``,
-with the deferred row's own columns and payload; the unique claim is released where the mask
-no longer claims the key, and one ``+1`` terminal-count delta is appended. The ring cursor and
-the lane steps are :mod:`awa_sa.settle.statements.duplicate`'s, as for a cancelled duplicate; the
-rest is one statement here. Every table reaches its schema through ``schema_translate_map``.
+with the deferred row's own columns and payload, and one ``+1`` terminal-count delta is
+appended. Before any of it the unique claim moves from the job's state to ``cancelled`` where the
+mask says (:func:`deferred_claims`, awa-pg's ``sync_unique_claim``): released, or taken, which a
+key another job holds refuses. The ring cursor and the lane steps are
+:mod:`awa_sa.settle.statements.duplicate`'s, as for a cancelled duplicate; the rest is one
+statement here. Every table reaches its schema through ``schema_translate_map``.
 """
 
 from __future__ import annotations
@@ -29,12 +31,11 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 
 from awa_sa.administer.statements.canonical import cancel_notice
+from awa_sa.administer.statements.failed_retry import claims_moved
 from awa_sa.core.registry import statement
 from awa_sa.core.sql import SHARD0, state
 from awa_sa.settle.statements.duplicate import insert_terminal_delta
-from awa_sa.settle.statements.receipt_writes import claims_in
 from awa_sa.tables import queue_storage as qs
-from awa_sa.tables.canonical import job_unique_claims
 
 DEFERRED = ("scheduled", "retryable")
 
@@ -54,7 +55,7 @@ def deferred_lane() -> Select[Any]:
 
 @statement
 def cancel_deferred() -> Select[Any]:
-    """Delete the deferred row, file it cancelled, release its claim, append the delta.
+    """Delete the deferred row, file it cancelled, append the delta (its claim moved first).
 
     Answers the ``done_entries`` row written, or no row when the job was no longer deferred.
     """
@@ -78,37 +79,19 @@ def cancel_deferred() -> Select[Any]:
         .cte("written")
     )
     delta = insert_terminal_delta(written)
-    claims = job_unique_claims.c
-    # Old state claimed (scheduled or retryable, as the row was) and cancelled does not.
-    was_claimed = (
-        (old.c.state == state("scheduled")) & claims_in(old.c.unique_states, "scheduled")
-    ) | ((old.c.state == state("retryable")) & claims_in(old.c.unique_states, "retryable"))
-    released = (
-        delete(job_unique_claims)
-        .where(
-            claims.unique_key == old.c.unique_key,
-            claims.job_id == old.c.job_id,
-            was_claimed,
-            ~claims_in(old.c.unique_states, "cancelled"),
-        )
-        .returning(claims.job_id)
-        .cte("released")
-    )
-    kept = select(func.count()).select_from(released).scalar_subquery()
-    return select(*written.c, kept.label("released")).select_from(written.join(delta, true()))
+    return select(*written.c).select_from(written.join(delta, true()))
 
 
 @statement
-def claims_cancelled_only() -> Select[Any]:
-    """Whether the job's mask claims ``cancelled`` but not its deferred state: awa-pg would
-    take the claim then, which this cancel does not do, so the call refuses it."""
+def deferred_claims() -> Select[Any]:
+    """The deferred job's claim as it becomes ``cancelled``, as awa-pg's ``sync_unique_claim``
+    moves it before the cancelled row: released where the mask claims its state but not
+    ``cancelled``, taken where the reverse (``taken`` short of ``wanted``: another job holds
+    the key, awa-pg's UniqueConflict)."""
     d = qs.deferred_jobs.c
     job_id = bindparam("b_job_id", type_=BigInteger)
-    claims_now = ((d.state == state("scheduled")) & claims_in(d.unique_states, "scheduled")) | (
-        (d.state == state("retryable")) & claims_in(d.unique_states, "retryable")
-    )
-    refused = and_(d.unique_key.is_not(None), claims_in(d.unique_states, "cancelled"), ~claims_now)
-    return select(refused.label("refused")).where(_deferred(job_id))
+    targets = select(d.job_id, d.state, d.unique_key, d.unique_states).where(_deferred(job_id))
+    return claims_moved(targets.cte("targets"), DEFERRED, "cancelled")
 
 
 def done_job_fields(row: Any, **lacking: Any) -> dict[str, Any]:

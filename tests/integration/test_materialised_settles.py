@@ -15,8 +15,9 @@ schema ``awa`` and every sequence changed alike, clocks and callback ids masked.
 
 Then on one active cluster, beside a live handler that registered a callback and holds its
 attempt: a rolled back settle leaves every row as it was; and awa-pg's ``complete_external`` of
-the handler's callback raced with awa-sa's settle in both orders (held locks): the job ends
-once, the loser writes nothing.
+the handler's callback raced with awa-sa's settle in both orders (held locks), and so are the
+runtime's own statements that delete a lease (its heartbeat rescue of a running one, its
+callback-timeout rescue of a parked one): the job ends once, the loser writes nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import pytest
 import sqlalchemy as sa
 from administering import Twin, business, change, differing, pg_call, snapshot, twin
 from racing import held, in_thread, wait_until_blocked
+from rescues import CALLBACK_TIMEOUT_RESCUE, LEASE_HEARTBEAT_RESCUE, statement
 from runtimes import STILL_RINGS, pg_url, rows, until_idle
 
 import awa_sa
@@ -290,16 +292,32 @@ def live_side(pg: EmbeddedPostgres, awa_databases: Databases, real_template: str
 
 
 def test_a_rolled_back_settle_leaves_the_running_lease_as_it_was(live_side: Twin) -> None:
+    """``attempt_of`` and ``running_attempts`` find the attempt; a settle of it, or of the job,
+    rolled back leaves every row as it was; released, the handler returns and the runtime
+    completes the attempt itself."""
+
     def act(live: Live) -> Any:
         engine = live.side.engine
         job_id = live.job.id
         lease = rows(engine, "SELECT state::text AS s FROM awa.leases WHERE job_id = :i", i=job_id)
         assert lease == [{"s": "running"}]
+        # Listed and found as the running attempt it is, under its lease_claims receipt.
+        found = awa_sa.attempt_of(engine, live.job)
+        assert (found.storage, found.job_id, found.run_lease) == ("awa", job_id, 1)
+        assert found.claim_slot is not None
+        assert found.claim_batch_id is None
+
+        def receipt(a: awa_sa.RunningAttempt) -> tuple[Any, ...]:
+            return (a.storage, a.job_id, a.run_lease, a.claim_slot, a.receipt_id)
+
+        listed = awa_sa.running_attempts(engine, job_id=job_id)
+        assert [receipt(a) for a in listed] == [receipt(found)]
         before = snapshot(engine, SCHEMAS)
-        with engine.connect() as conn, conn.begin() as tx:
-            conn.execute(sa.text("INSERT INTO public.business VALUES ('rolled back')"))
-            assert awa_sa.settle(conn, live.job, awa_sa.Complete()) == awa_sa.Completed(job_id)
-            tx.rollback()
+        for named in (found, live.job):  # the attempt read, and the job itself
+            with engine.connect() as conn, conn.begin() as tx:
+                conn.execute(sa.text("INSERT INTO public.business VALUES ('rolled back')"))
+                assert awa_sa.settle(conn, named, awa_sa.Complete()) == awa_sa.Completed(job_id)
+                tx.rollback()
         assert snapshot(engine, SCHEMAS) == before
         return live.job.id
 
@@ -357,3 +375,51 @@ def test_complete_external_raced_with_the_settle_ends_the_job_once(live_side: Tw
     assert _terminal(engine, second) == ["completed"]
     leases = rows(engine, "SELECT count(*) AS n FROM awa.leases WHERE job_id = :i", i=second)
     assert leases == [{"n": 0}]
+
+
+def test_the_runtimes_lease_rescues_and_the_settle_end_the_job_once(live_side: Twin) -> None:
+    """The settle first, uncommitted: the heartbeat rescue's ``SKIP LOCKED`` passes the lease
+    by, and after the commit it is gone; the callback-timeout rescue takes a parked lease only,
+    so even timed out a running one is never its. The heartbeat rescue first, uncommitted: the
+    settle waits on the lease, then finds it gone and is Stale."""
+    engine = live_side.engine
+    stale = {"p1": "infinity"}  # every running lease's heartbeat is older than that
+    heartbeat_rescue = statement(LEASE_HEARTBEAT_RESCUE, "awa")
+    timeout_rescue = statement(CALLBACK_TIMEOUT_RESCUE, "awa")
+
+    def settle_first(live: Live) -> int:
+        job = live.job
+        with engine.begin() as conn:  # the callback timed out while the handler runs
+            conn.execute(
+                sa.text("UPDATE awa.leases SET callback_timeout_at = now() WHERE job_id = :i"),
+                {"i": job.id},
+            )
+        with held(engine) as tx:
+            assert awa_sa.settle(tx.conn, job, awa_sa.Complete()) == awa_sa.Completed(job.id)
+            with engine.begin() as conn:
+                assert conn.execute(heartbeat_rescue, stale).all() == []
+                assert conn.execute(timeout_rescue).all() == []
+            tx.commit()
+        with engine.begin() as conn:
+            assert conn.execute(heartbeat_rescue, stale).all() == []
+            assert conn.execute(timeout_rescue).all() == []
+        return int(job.id)
+
+    first = asyncio.run(Live(live_side).run(settle_first))
+    assert _terminal(engine, first) == ["completed"]
+
+    def rescue_first(live: Live) -> int:
+        job = live.job
+        before = snapshot(engine, SCHEMAS)
+        with held(engine) as tx:
+            assert [tuple(r) for r in tx.conn.execute(heartbeat_rescue, stale)] == [(job.id, 1)]
+            racing = in_thread(lambda: settled_with_row(engine, job, awa_sa.Complete()))
+            wait_until_blocked(engine, tx.pid, pending=[racing])
+            tx.commit()  # the rescue's first statement alone: the lease gone
+        assert racing.result(timeout=60) == awa_sa.Stale()
+        changed = change(before, snapshot(engine, SCHEMAS))
+        assert set(changed) == {"awa.leases"}  # the rescue's delete, and nothing of the settle
+        return int(job.id)
+
+    second = asyncio.run(Live(live_side).run(rescue_first))
+    assert _terminal(engine, second) == []

@@ -262,6 +262,46 @@ def test_a_materialised_lease_is_settled_once_and_closed_as_the_runtime(
     assert counts(active) == after
 
 
+def test_a_materialised_lease_settles_in_a_batch_in_three_statements_alone(
+    active: sa.Engine,
+) -> None:
+    """Alone: the lock, the receipt statement that finds the lease, the lease's settle. In a
+    batch beside a plain receipt, each item as alone."""
+    with active.begin() as conn:
+        plain = queue_storage_attempt(conn, schema=QS, kind="mail", queue="mail")
+        leased = queue_storage_attempt(conn, schema=QS, kind="mail", queue="mail")
+        _materialise(conn, leased, 2)
+        alone = queue_storage_attempt(conn, schema=QS, kind="mail", queue="mail")
+        _materialise(conn, alone, 3)
+    texts: list[str] = []
+
+    def seen(*args: Any) -> None:
+        texts.append(args[2])
+
+    sa.event.listen(active, "before_cursor_execute", seen)
+    try:
+        with active.begin() as conn:
+            texts.clear()
+            assert awa_sa.settle(conn, alone, awa_sa.Snooze(60)).__class__ is awa_sa.Rescheduled
+            assert len(texts) == 3
+            assert "DELETE FROM awa_qs.leases" in texts[2]
+    finally:
+        sa.event.remove(active, "before_cursor_execute", seen)
+    items = [
+        awa_sa.Settlement(plain, awa_sa.Complete()),
+        awa_sa.Settlement(leased, awa_sa.Cancel("no")),
+    ]
+    outcomes = awa_sa.settle_attempts(active, items)
+    assert outcomes == [awa_sa.Completed(plain.job_id), awa_sa.Cancelled(leased.job_id)]
+    with active.connect() as conn:
+        closures = conn.execute(
+            sa.text(f"SELECT job_id, outcome FROM {QS}.lease_claim_closures ORDER BY job_id")
+        ).all()
+        left = conn.execute(sa.text(f"SELECT count(*) FROM {QS}.leases")).scalar_one()
+    assert [tuple(c) for c in closures] == [(leased.job_id, "rescue"), (alone.job_id, "rescue")]
+    assert left == 0
+
+
 def test_a_batch_of_both_planes_is_one_by_one(engine: sa.Engine) -> None:
     """``settle_attempts``: canonical and queue-storage items, in input order, a repeat Stale."""
     with engine.begin() as conn:

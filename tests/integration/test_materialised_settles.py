@@ -3,7 +3,9 @@
 Twin clusters built by ``awa migrate`` (:func:`administering.twin`: the maintenance leadership
 held, so nothing promotes or rescues behind a comparison), on each plane: ``active`` (the
 worker starts first and auto-finalizes the cluster to queue storage in ``awa``, where
-``register_callback`` materialises the attempt's receipt into a running ``leases`` row) and
+``register_callback`` materialises the attempt's receipt into a running ``leases`` row),
+``mixed_transition`` (the real CLI flips the cluster to queue storage in ``awa_qs``; a
+``queue_storage_target`` worker, warmed up by one job as :mod:`callback_waits` says) and
 ``canonical`` (the jobs enqueued before the worker starts: a running ``awa.jobs_hot`` row with
 its callback columns set). On each twin a real awa-pg 0.6.9 worker runs the same jobs, one per
 result; each handler registers a callback and does not park. On the first twin it returns the
@@ -31,6 +33,7 @@ import awa
 import pytest
 import sqlalchemy as sa
 from administering import Twin, business, change, differing, pg_call, snapshot, twin
+from callback_waits import flip, until_claimed
 from racing import held, in_thread, wait_until_blocked
 from rescues import CALLBACK_TIMEOUT_RESCUE, LEASE_HEARTBEAT_RESCUE, statement
 from runtimes import STILL_RINGS, pg_url, rows, until_idle
@@ -43,6 +46,8 @@ from awa_sa.testing.server import EmbeddedPostgres
 pytestmark = pytest.mark.slow  # real awa-pg runtimes
 
 SCHEMAS = ("awa",)
+PLANE_SCHEMAS = {"active": ("awa",), "mixed_transition": ("awa", "awa_qs"), "canonical": ("awa",)}
+ROUTED = {"active": "awa", "mixed_transition": "awa_qs", "canonical": None}
 QUEUE = "mq"
 DELAY = 3600
 REASON = "cancelled by handler"
@@ -133,10 +138,20 @@ async def _ran(side: Twin, plane: str, by_awa_sa: bool) -> dict[str, Any]:
         )
         return None
 
+    async def warm(job: Any) -> None:
+        """The first claim of a ``queue_storage_target`` runtime cannot register a callback."""
+
     for kind in OUTCOMES:
         client.task(dict, kind=kind, queue=QUEUE)(handle)
+    client.task(dict, kind="warm", queue=QUEUE)(warm)
     start: dict[str, Any] = {"promote_interval_ms": 600_000, "heartbeat_interval_ms": 600_000}
     start |= STILL_RINGS
+    schemas = PLANE_SCHEMAS[plane]
+    if plane == "mixed_transition":
+        start |= {
+            "queue_storage_schema": "awa_qs",
+            "storage_transition_role": "queue_storage_target",
+        }
 
     async def insert(kind: str) -> None:
         options = dict(OUTCOMES[kind])
@@ -145,6 +160,7 @@ async def _ran(side: Twin, plane: str, by_awa_sa: bool) -> dict[str, Any]:
 
     running = {
         "active": "SELECT count(*) AS n FROM awa.leases",
+        "mixed_transition": "SELECT count(*) AS n FROM awa_qs.leases",
         "canonical": "SELECT count(*) AS n FROM awa.jobs_hot WHERE state = 'running'",
     }[plane]
 
@@ -164,7 +180,12 @@ async def _ran(side: Twin, plane: str, by_awa_sa: bool) -> dict[str, Any]:
             await asyncio.sleep(0.05)  # the worker's own pace
         raise AssertionError(f"{count} handlers did not run within 60 s")
 
-    before = await asyncio.to_thread(snapshot, side.engine, SCHEMAS)
+    if plane == "mixed_transition":  # the warm-up claim first, outside the comparison
+        await client.insert({"w": 0}, kind="warm", queue=QUEUE)
+        await client.start([{"name": QUEUE, "max_workers": 1}], **start)
+        await until_claimed(side.engine, "awa_qs")
+        await until_idle(client)
+    before = await asyncio.to_thread(snapshot, side.engine, schemas)
     paid = await asyncio.to_thread(business, side.engine)
     try:
         if plane == "canonical":  # enqueued first: the worker does not finalize the cluster
@@ -175,7 +196,8 @@ async def _ran(side: Twin, plane: str, by_awa_sa: bool) -> dict[str, Any]:
             await until_idle(client)
             await until_ended()
         else:
-            await client.start([{"name": QUEUE, "max_workers": 1}], **start)
+            if plane == "active":
+                await client.start([{"name": QUEUE, "max_workers": 1}], **start)
             for n, kind in enumerate(OUTCOMES, start=1):
                 await insert(kind)
                 await until_entered(n)
@@ -184,7 +206,7 @@ async def _ran(side: Twin, plane: str, by_awa_sa: bool) -> dict[str, Any]:
     finally:
         await client.shutdown()
         await client.close()
-    after = await asyncio.to_thread(snapshot, side.engine, SCHEMAS)
+    after = await asyncio.to_thread(snapshot, side.engine, schemas)
     routed = await asyncio.to_thread(
         rows, side.engine, "SELECT awa.active_queue_storage_schema() AS s"
     )
@@ -198,16 +220,18 @@ async def _ran(side: Twin, plane: str, by_awa_sa: bool) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("plane", ["active", "canonical"])
+@pytest.mark.parametrize("plane", ["active", "mixed_transition", "canonical"])
 def test_a_callback_registered_attempt_settles_as_the_runtime_ends_it(
     pg: EmbeddedPostgres, awa_databases: Databases, real_template: str, plane: str
 ) -> None:
     with ExitStack() as stack:
         sides = [twin(stack, pg, awa_databases, real_template) for _ in range(2)]
+        if plane == "mixed_transition":
+            for side in sides:
+                flip(pg, side.url)
         runtime = asyncio.run(_ran(sides[0], plane, by_awa_sa=False))
         by_awa_sa = asyncio.run(_ran(sides[1], plane, by_awa_sa=True))
-    routing = None if plane == "canonical" else "awa"
-    assert runtime["routing"] == by_awa_sa["routing"] == routing
+    assert runtime["routing"] == by_awa_sa["routing"] == ROUTED[plane]
     assert runtime["entered"] == by_awa_sa["entered"] == list(OUTCOMES)
     assert runtime["paid"] == 0
     assert by_awa_sa["paid"] == len(OUTCOMES)
@@ -216,16 +240,17 @@ def test_a_callback_registered_attempt_settles_as_the_runtime_ends_it(
         by_awa_sa["change"], runtime["change"]
     )
     written = by_awa_sa["change"]
-    if plane == "active":
+    if plane != "canonical":
+        qs = ROUTED[plane]
         # Every lease register_callback made, and its attempt_state row, is gone again.
-        assert "awa.leases" not in written
-        assert "awa.attempt_state" not in written
-        materialised = [row for row in written["awa.lease_claims"][1] if ",CLOCK,CLOCK)" in row]
+        assert f"{qs}.leases" not in written
+        assert f"{qs}.attempt_state" not in written
+        materialised = [row for row in written[f"{qs}.lease_claims"][1] if ",CLOCK,CLOCK)" in row]
         assert len(materialised) == len(OUTCOMES)  # materialized_at and closed_at set
-        closures = written["awa.lease_claim_closures"][1]
+        closures = written[f"{qs}.lease_claim_closures"][1]
         assert sum(",completed," in row for row in closures) == 1
         assert sum(",rescue," in row for row in closures) == len(OUTCOMES) - 1
-        assert "awa.receipt_completion_batches" not in written
+        assert f"{qs}.receipt_completion_batches" not in written
     else:
         ended = written["awa.jobs_hot"][1] + written["awa.scheduled_jobs"][1]
         assert len(ended) == len(OUTCOMES)

@@ -178,7 +178,7 @@ async def park(
     return ids
 
 
-def _flip(pg: EmbeddedPostgres, url: str) -> None:
+def flip(pg: EmbeddedPostgres, url: str) -> None:
     """A canonical job first (``awa.jobs_hot`` id 1, on a queue no worker serves), then the
     real CLI's prepare and quiesced flip to mixed_transition, routing to ``awa_qs``."""
     pg_call(url, lambda c: c.insert({"n": 0}, kind="before", queue="idle_q"))
@@ -211,7 +211,7 @@ def parked_twins(
         for _ in range(2):
             url, engine = twin(stack, pg, databases, template)
             if phase == "mixed_transition":
-                _flip(pg, url)
+                flip(pg, url)
             made.append(asyncio.run(park(url, engine, phase, jobs)))
             assert routing(engine) == (phase, SCHEMA[phase])
             urls.append(url)

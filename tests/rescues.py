@@ -676,3 +676,43 @@ def statement(text: str, schema: str) -> sa.TextClause:
     """*text* for *schema*, its ``$n`` parameters named ``:pn``."""
     sql = text.replace("__CLOSED__", CLOSED_EVIDENCE.strip()).replace("__S__", schema)
     return sa.text(re.sub(r"\$(\d+)", r":p\1", sql))
+
+
+LEASE_HEARTBEAT_RESCUE = """
+DELETE FROM __S__.leases AS target
+WHERE (target.job_id, target.run_lease) IN (
+    SELECT lease.job_id, lease.run_lease
+    FROM __S__.leases AS lease
+    LEFT JOIN __S__.attempt_state AS attempt
+      ON attempt.job_id = lease.job_id
+     AND attempt.run_lease = lease.run_lease
+    WHERE lease.state = 'running'
+      AND COALESCE(attempt.heartbeat_at, lease.heartbeat_at) < $1
+    ORDER BY COALESCE(attempt.heartbeat_at, lease.heartbeat_at) ASC
+    LIMIT 500
+    FOR UPDATE OF lease SKIP LOCKED
+)
+RETURNING job_id, run_lease
+"""
+"""The first statement of ``rescue_stale_heartbeats`` for materialised leases ("heartbeat
+stale: worker presumed dead"): the running leases whose last heartbeat is before ``$1``
+deleted (the runtime then hydrates them in the same transaction). The relation after each
+``FROM`` is spliced in by ``format!``: ``leases AS target`` and ``leases AS lease``, as the
+aliases the text uses say; ``RETURNING`` shortened to what the tests read."""
+
+CALLBACK_TIMEOUT_RESCUE = """
+DELETE FROM __S__.leases
+WHERE job_id IN (
+    SELECT job_id
+    FROM __S__.leases
+    WHERE state = 'waiting_external'
+      AND callback_timeout_at IS NOT NULL
+      AND callback_timeout_at < clock_timestamp()
+    ORDER BY callback_timeout_at ASC
+    LIMIT 500
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING job_id, run_lease
+"""
+"""The first statement of ``rescue_expired_callbacks`` on queue storage: the parked leases
+whose callback timed out, deleted; ``RETURNING`` shortened as above."""

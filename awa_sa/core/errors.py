@@ -209,18 +209,19 @@ class QueueStorageAttempt(ValidationError):
 
 class MaterialisedAttempt(ValidationError):
     """The queue-storage attempt was materialised into a ``leases`` row (its handler registered
-    a callback); awa-sa refuses to settle it, and nothing was written.
+    a callback) from a compact receipt: its queue claims without a deadline. awa-sa refuses to
+    settle it before any statement, as it refuses every compact receipt; nothing was written.
 
-    Such an attempt is the callback protocol's: its ``attempt_state`` carries the callback's
-    filter, transforms and result, and the runtime ends it through ``complete_external`` and
-    its callback timeouts (docs/contract.md#materialised). Settle it with awa-pg's callback
-    calls, or let its handler return.
+    A running lease whose receipt is a ``lease_claims`` row (a queue with a deadline, awa-pg's
+    default) is settled as the runtime ends it (docs/contract.md#materialised). Settle this one
+    with awa-pg's callback calls, or let its handler return.
     """
 
     def __init__(self, job_id: int, run_lease: int, schema: str) -> None:
         super().__init__(
-            f"(job_id={job_id}, run_lease={run_lease}) is a callback wait materialised into "
-            f"{schema}.leases; awa-sa does not settle those (nothing was written)"
+            f"(job_id={job_id}, run_lease={run_lease}) is a callback attempt materialised into "
+            f"{schema}.leases from a compact receipt (a queue without a deadline); awa-sa does "
+            "not settle those (nothing was written)"
         )
         self.job_id = job_id
         self.run_lease = run_lease

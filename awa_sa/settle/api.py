@@ -153,9 +153,11 @@ def settle(
     ending in ``done_entries`` (or the runtime's compact completion of a bare job), a
     re-schedule in ``deferred_jobs`` under the same id (``Rescheduled``); ``Stale`` when
     anything closed the receipt first. ``progress`` None keeps what a queue-storage attempt
-    last flushed, as the runtime does. A callback wait materialised into ``leases`` is refused with
-    :class:`~awa_sa.core.errors.MaterialisedAttempt`, and a compact receipt (its queue claims
-    without a deadline) with :class:`~awa_sa.core.errors.CompactReceipt`, before any statement.
+    last flushed, as the runtime does. An attempt whose handler registered a callback (its
+    receipt materialised into a running ``leases`` row) is settled as the runtime ends it: the
+    lease deleted, one statement more. A compact receipt (its queue claims without a deadline)
+    is refused with :class:`~awa_sa.core.errors.CompactReceipt`, and one a callback
+    materialised with :class:`~awa_sa.core.errors.MaterialisedAttempt`, before any statement.
     ``bind`` and ``error`` are as for those calls.
     """
     check_bind(bind)

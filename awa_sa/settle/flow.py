@@ -34,7 +34,7 @@ from sqlalchemy import Connection
 
 from awa_sa.core.compiled import Runner, run
 from awa_sa.core.driver_errors import translated_error
-from awa_sa.core.errors import MaterialisedAttempt, QueueStorageAttempt, ValidationError
+from awa_sa.core.errors import QueueStorageAttempt, ValidationError
 from awa_sa.core.internals import in_autocommit
 from awa_sa.settle import canonical_move as moves
 from awa_sa.settle import into_queue_storage as migrate
@@ -51,7 +51,7 @@ from awa_sa.settle.results import Cancelled, Completed, Ending, Failed, Outcome,
 from awa_sa.settle.statements.canonical import MOVE_IF_CANONICAL, ROUTED_MOVE, ROUTING_LOCK, GoOn
 from awa_sa.settle.statements.endings import END_ATTEMPTS, Answer, EndItem
 from awa_sa.settle.statements.job_receipts import OPEN_CLAIMS
-from awa_sa.settle.statements.receipt_settles import RECEIPT_LOCKS, SETTLE_RECEIPT
+from awa_sa.settle.statements.receipt_settles import RECEIPT_LOCKS, SETTLE_LEASE, SETTLE_RECEIPT
 from awa_sa.settle.statements.receipt_settles import Settled as Closed
 from awa_sa.tables.queue_storage import translate_map
 
@@ -209,7 +209,9 @@ def locked_receipt(conn: Connection, call: ReceiptCall) -> Ending:
 def _receipt(conn: Connection, call: ReceiptCall) -> Ending:
     closed = run(conn, SETTLE_RECEIPT, call.item, call.schema)
     if closed.materialised:
-        raise MaterialisedAttempt(call.job_id, call.item.run_lease, call.schema)
+        # A callback registered: the runtime's ending deletes the running lease (one statement
+        # more, under the receipt's lock already held; Stale once it is parked or gone).
+        closed = run(conn, SETTLE_LEASE, call.item, call.schema)
     outcome = _closed(call, closed)
     if log.isEnabledFor(logging.DEBUG):
         _log(call, call.schema, type(outcome).__name__)

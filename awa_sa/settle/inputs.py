@@ -206,7 +206,8 @@ def prepare_receipt(
     if error is not None and message is not None:
         raise ValidationError("error= is for a re-schedule; Cancel and Fail carry their own text")
     if attempt.claim_slot is None or attempt.receipt_id is None:
-        # Only a lease materialised from a compact receipt lists without its receipt.
+        # Only a lease materialised from a compact receipt lists without its receipt: a queue
+        # without a deadline, refused as its compact receipts are.
         raise MaterialisedAttempt(attempt.job_id, attempt.run_lease, attempt.storage)
     if attempt.claim_batch_id is not None:
         # A heartbeat rescue older than the commit would still run it again: refused before

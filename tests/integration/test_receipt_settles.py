@@ -1,6 +1,7 @@
 """Settling a queue-storage attempt on the fixture: every result on a ``lease_claims`` receipt.
 
-What each result writes is checked table by table (docs/contract.md#receipts); the rows
+What each result writes is checked table by table (docs/contract.md#receipts), a running lease a
+callback materialised too; the rows
 themselves are compared with the real runtime's in test_queue_storage_worker.py. A second settle
 of the same attempt is ``Stale`` and writes nothing, and so is a settle that names the attempt
 with the wrong kind, queue or attempt. A compact receipt (a queue without a deadline) is refused
@@ -203,25 +204,102 @@ def _fields(attempt: RunningAttempt) -> dict[str, Any]:
     return {name: getattr(attempt, name) for name in attempt.__slots__}
 
 
-def test_a_materialised_lease_is_refused_and_nothing_is_written(active: sa.Engine) -> None:
+def _materialise(conn: sa.Connection, attempt: RunningAttempt, lane_seq: int) -> None:
+    """The attempt's receipt materialised into a running lease, as ``register_callback``."""
+    conn.execute(
+        sa.text(
+            f"INSERT INTO {QS}.leases (lease_slot, lease_generation, ready_slot,"
+            " ready_generation, job_id, queue, state, priority, attempt, run_lease,"
+            " max_attempts, lane_seq, attempted_at, callback_id)"
+            " VALUES (0, 0, 0, 0, :job, 'mail', 'running', 2, 1, 1, 25, :seq, now(),"
+            " gen_random_uuid())"
+        ),
+        {"job": attempt.job_id, "seq": lane_seq},
+    )
+    conn.execute(
+        sa.text(
+            f"INSERT INTO {QS}.attempt_state (job_id, run_lease, progress, updated_at)"
+            " VALUES (:job, 1, '{\"p\": 1}', now())"
+        ),
+        {"job": attempt.job_id},
+    )
+    conn.execute(
+        sa.text(f"UPDATE {QS}.lease_claims SET materialized_at = now() WHERE job_id = :job"),
+        {"job": attempt.job_id},
+    )
+
+
+def test_a_materialised_lease_is_settled_once_and_closed_as_the_runtime(
+    active: sa.Engine,
+) -> None:
+    """A callback registered (a running lease): a terminal failure deletes the lease and its
+    ``attempt_state``, closes the receipt as ``rescue`` and files the failed row with the
+    flushed progress; a second settle is Stale. The rows are the real runtime's in
+    test_materialised_settles.py."""
     with active.begin() as conn:
         attempt = queue_storage_attempt(conn, schema=QS, kind="mail", queue="mail")
-        conn.execute(
-            sa.text(
-                f"INSERT INTO {QS}.leases (lease_slot, lease_generation, ready_slot,"
-                " ready_generation, job_id, queue, state, priority, attempt, run_lease,"
-                " lane_seq) VALUES (0, 0, 0, 0, :job, 'mail', 'running', 2, 1, 1, 1)"
-            ),
-            {"job": attempt.job_id},
-        )
-        conn.execute(
-            sa.text(f"UPDATE {QS}.lease_claims SET materialized_at = now()"),
-        )
+        _materialise(conn, attempt, 1)
     before = counts(active)
-    with pytest.raises(awa_sa.MaterialisedAttempt) as refused:
-        awa_sa.settle(active, attempt, awa_sa.Complete())
-    assert (refused.value.job_id, refused.value.schema) == (attempt.job_id, QS)
-    assert counts(active) == before
+    failed = awa_sa.settle(active, attempt, awa_sa.Fail("boom", terminal=True))
+    assert failed == awa_sa.Failed(attempt.job_id, terminal=True)
+    after = counts(active)
+    assert {t: after[t] - before[t] for t in TABLES if after[t] != before[t]} == {
+        "lease_claim_closures": 1,
+        "done_entries": 1,
+        "queue_terminal_count_deltas": 1,
+    }
+    with active.connect() as conn:
+        left = conn.execute(
+            sa.text(
+                f"SELECT (SELECT count(*) FROM {QS}.leases) + (SELECT count(*) FROM"
+                f" {QS}.attempt_state), (SELECT outcome FROM {QS}.lease_claim_closures),"
+                f" (SELECT closed_at IS NOT NULL FROM {QS}.lease_claims),"
+                f" (SELECT payload->'progress' FROM {QS}.done_entries)"
+            )
+        ).one()
+    assert tuple(left) == (0, "rescue", True, {"p": 1})
+    assert awa_sa.settle(active, attempt, awa_sa.Complete()) == awa_sa.Stale()
+    assert counts(active) == after
+
+
+def test_a_materialised_lease_settles_in_a_batch_in_three_statements_alone(
+    active: sa.Engine,
+) -> None:
+    """Alone: the lock, the receipt statement that finds the lease, the lease's settle. In a
+    batch beside a plain receipt, each item as alone."""
+    with active.begin() as conn:
+        plain = queue_storage_attempt(conn, schema=QS, kind="mail", queue="mail")
+        leased = queue_storage_attempt(conn, schema=QS, kind="mail", queue="mail")
+        _materialise(conn, leased, 2)
+        alone = queue_storage_attempt(conn, schema=QS, kind="mail", queue="mail")
+        _materialise(conn, alone, 3)
+    texts: list[str] = []
+
+    def seen(*args: Any) -> None:
+        texts.append(args[2])
+
+    sa.event.listen(active, "before_cursor_execute", seen)
+    try:
+        with active.begin() as conn:
+            texts.clear()
+            assert awa_sa.settle(conn, alone, awa_sa.Snooze(60)).__class__ is awa_sa.Rescheduled
+            assert len(texts) == 3
+            assert "DELETE FROM awa_qs.leases" in texts[2]
+    finally:
+        sa.event.remove(active, "before_cursor_execute", seen)
+    items = [
+        awa_sa.Settlement(plain, awa_sa.Complete()),
+        awa_sa.Settlement(leased, awa_sa.Cancel("no")),
+    ]
+    outcomes = awa_sa.settle_attempts(active, items)
+    assert outcomes == [awa_sa.Completed(plain.job_id), awa_sa.Cancelled(leased.job_id)]
+    with active.connect() as conn:
+        closures = conn.execute(
+            sa.text(f"SELECT job_id, outcome FROM {QS}.lease_claim_closures ORDER BY job_id")
+        ).all()
+        left = conn.execute(sa.text(f"SELECT count(*) FROM {QS}.leases")).scalar_one()
+    assert [tuple(c) for c in closures] == [(leased.job_id, "rescue"), (alone.job_id, "rescue")]
+    assert left == 0
 
 
 def test_a_batch_of_both_planes_is_one_by_one(engine: sa.Engine) -> None:
@@ -301,21 +379,22 @@ def test_a_refused_item_leaves_the_callers_transaction_as_it_was(active: sa.Engi
     with active.begin() as conn:
         ok = queue_storage_attempt(conn, schema=QS, kind="mail", queue="mail")
         held = queue_storage_attempt(conn, schema=QS, kind="mail", queue="mail")
+        # Its key, claimed only once failed, is another job's: its failure cannot be filed.
         conn.execute(
             sa.text(
-                f"INSERT INTO {QS}.leases (lease_slot, lease_generation, ready_slot,"
-                " ready_generation, job_id, queue, state, priority, attempt, run_lease,"
-                " lane_seq) VALUES (0, 0, 0, 0, :job, 'mail', 'running', 2, 1, 1, 2)"
+                f"UPDATE {QS}.ready_entries SET unique_key = 'k', unique_states = '00000100'"
+                " WHERE job_id = :job"
             ),
             {"job": held.job_id},
         )
+        conn.execute(sa.text("INSERT INTO awa.job_unique_claims VALUES ('k', 999999)"))
     before = counts(active)
     with active.begin() as conn:
         items = [
             awa_sa.Settlement(ok, awa_sa.Complete()),
-            awa_sa.Settlement(held, awa_sa.Complete()),
+            awa_sa.Settlement(held, awa_sa.Fail("no", terminal=True)),
         ]
-        with pytest.raises(awa_sa.MaterialisedAttempt):
+        with pytest.raises(awa_sa.UniqueConflict):
             awa_sa.settle_attempts(conn, items)
         assert conn.execute(sa.text("SELECT 1")).scalar_one() == 1  # still usable
     assert counts(active) == before

@@ -21,6 +21,12 @@ runtime sends them:
    * a re-schedule (Snooze, RetryAfter, RetryBackoff, a retryable failure with attempts left):
      a closure and a ``deferred_jobs`` row under the **same** job id and lease.
 
+   A receipt ``register_callback`` materialised into a running ``leases`` row is not open
+   here: the statement writes nothing and says so (``materialised``), and the settle's next
+   statement is the same one in its ``lease`` shape, which deletes the running lease as the
+   runtime's ending of a handler's result does, closes the receipt as the runtime then closes
+   it (``completed`` after a completion, else ``rescue``) and writes the same next row.
+
    A receipt of a queue with a deadline is a ``lease_claims`` row and is closed by a
    ``lease_claim_closures`` row plus its ``closed_at``; a compact receipt (a queue without a
    deadline) is one position of a ``lease_claim_batches`` row and is closed by a closure batch:
@@ -63,6 +69,7 @@ from awa_sa.core.sql import (
     scalar,
 )
 from awa_sa.settle.statements.duplicate import insert_terminal_delta
+from awa_sa.settle.statements.lease_targets import lease_target
 from awa_sa.settle.statements.receipt_shaping import shaped_rows
 from awa_sa.settle.statements.receipt_targets import (
     ReceiptItem,
@@ -86,6 +93,7 @@ from awa_sa.tables import queue_storage as qs
 
 __all__ = [
     "RECEIPT_LOCKS",
+    "SETTLE_LEASE",
     "SETTLE_RECEIPT",
     "ReceiptItem",
     "ReceiptTag",
@@ -184,7 +192,10 @@ def settle_receipt(*, shape: SettleShape) -> Select[Any]:
         lease.c.job_id == asked.c.job_id, lease.c.run_lease == asked.c.run_lease
     )
     head = head_row(materialised.label("materialised"), restored_plan_mode().label("plan_mode"))
-    taken = open_receipt(asked, not_(scalar(head, "materialised")), shape)
+    if shape == "lease":
+        taken = open_receipt(asked, true(), shape, lease_target(asked))
+    else:
+        taken = open_receipt(asked, not_(scalar(head, "materialised")), shape)
     state_rows = qs.attempt_state
     flushed = (
         delete(state_rows)
@@ -199,7 +210,7 @@ def settle_receipt(*, shape: SettleShape) -> Select[Any]:
     shaped = shaped_rows(taken, flushed)
     done = done_row(shaped)
     writes = [
-        *closing_rows(shaped),
+        *closing_rows(shaped, lease=shape == "lease"),
         completion_batch(shaped),
         done,
         insert_terminal_delta(done),
@@ -226,7 +237,8 @@ class Settled(NamedTuple):
     """What :func:`settle_receipt` did."""
 
     materialised: bool
-    """A callback wait had materialised the attempt into a ``leases`` row: nothing written."""
+    """A callback had materialised the attempt into a ``leases`` row: nothing written (the
+    ``lease`` shape, run next, settles the lease)."""
     job_id: int | None
     """None: the receipt was not open (settled, rescued), or no longer that attempt: Stale."""
     state: str | None
@@ -253,3 +265,8 @@ RECEIPT_LOCKS: Query[Sequence[ReceiptItem], None] = Query(
 SETTLE_RECEIPT: Query[ReceiptItem, Settled] = Query(
     lambda item: settle_receipt(shape=shape_of(item)), binds, Settled.read
 )
+SETTLE_LEASE: Query[ReceiptItem, Settled] = Query(
+    lambda _: settle_receipt(shape="lease"), binds, Settled.read
+)
+"""The settle of an attempt :data:`SETTLE_RECEIPT` found materialised (``Settled.materialised``):
+its running lease deleted and ended as the runtime ends it, under the lock already held."""

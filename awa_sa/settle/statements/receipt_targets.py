@@ -4,10 +4,11 @@ The caller's parameters as one row (:class:`ReceiptItem`, :func:`asked_row`), an
 :func:`open_receipt`: the receipt exactly as named (a ``lease_claims`` row, locked; or one
 position of a compact ``lease_claim_batches`` row, which only ``cancel_job`` closes: ``settle``
 refuses it), taken only while no closure evidence of the six kinds the runtime anti-joins names
-it and no materialised lease holds it (docs/contract.md#receipts), joined to the job's
-``ready_entries`` row and checked against the caller's kind, queue and attempt; with the state
-the job goes to, whether a completion takes the runtime's compact path, the claim time it
-carries and the settle's clock.
+it and no materialised lease holds it (docs/contract.md#receipts), or the running lease a
+callback materialised it into, deleted (:mod:`~awa_sa.settle.statements.lease_targets`),
+joined to the job's ``ready_entries`` row and checked against the caller's kind, queue and
+attempt; with the state the job goes to, whether a completion takes the runtime's compact
+path, the claim time it carries and the settle's clock.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from sqlalchemy import (
     case,
     cast,
     exists,
+    false,
     func,
     literal_column,
     not_,
@@ -112,10 +114,12 @@ _FIELDS: tuple[tuple[str, str, Any], ...] = (
 )
 
 
-SettleShape = Literal["row", "row_in_slot", "compact"]
+SettleShape = Literal["row", "row_in_slot", "compact", "lease"]
 """The settle's statement for a receipt: a ``lease_claims`` row, the same with its ready slot
-known (every table keyed by ready slot read in that slot only), or a compact receipt (a
-``lease_claim_batches`` position: ``cancel_job``'s alone)."""
+known (every table keyed by ready slot read in that slot only), a compact receipt (a
+``lease_claim_batches`` position: ``cancel_job``'s alone), or a ``lease_claims`` receipt that
+``register_callback`` materialised into a running ``leases`` row (the settle's second statement,
+once the first found the lease: :mod:`~awa_sa.settle.statements.lease_targets`)."""
 
 
 def shape_of(item: ReceiptItem) -> SettleShape:
@@ -306,14 +310,20 @@ def _claim_time(
     return func.coalesce(claimed, target.attempted_at)
 
 
-def open_receipt(asked: CTE, free: ColumnElement[bool], shape: SettleShape) -> CTE:
+def open_receipt(
+    asked: CTE, free: ColumnElement[bool], shape: SettleShape, lease: CTE | None = None
+) -> CTE:
     """The open receipt, its ready row, and what the settle makes of it, guarded by identity.
 
     *free*: no materialised lease holds the attempt (the head's check, read once). The
-    *shape* names the one source the receipt can be in (:data:`SettleShape`).
+    *shape* names the one source the receipt can be in (:data:`SettleShape`); the ``lease``
+    shape's is *lease*, the deleted lease in a receipt's row shape
+    (:func:`~awa_sa.settle.statements.lease_targets.lease_target`).
     """
     ready_slot = ready_slot_bind() if shape == "row_in_slot" else None
-    if shape == "compact":
+    if lease is not None:
+        target = lease
+    elif shape == "compact":
         target = _batch_target(asked, free).cte("target")
     else:
         target = _row_target(asked, free, ready_slot).cte("target")
@@ -352,7 +362,8 @@ def open_receipt(asked: CTE, free: ColumnElement[bool], shape: SettleShape) -> C
             r.priority.label("lane_priority"),
             payload.label("ready_payload"),
             next_state.label("next_state"),
-            (tagged(asked, "complete") & bare).label("fast"),
+            # A lease's completion never takes the compact path: the runtime's anti-joins it.
+            (false() if shape == "lease" else tagged(asked, "complete") & bare).label("fast"),
             case(
                 (tagged(asked, "complete"), _claim_time(t, r.priority, ready_slot)),
                 else_=t.attempted_at,

@@ -79,11 +79,18 @@ def claims_in(unique_states: Any, state_name: str | ColumnElement[Any]) -> Colum
     return func.substr(unique_states, position, ONE) == text_literal("1")
 
 
-def closing_rows(shaped: CTE) -> list[CTE]:
+def closing_rows(shaped: CTE, *, lease: bool = False) -> list[CTE]:
     """The receipt closed: a closure row and ``closed_at`` for a ``lease_claims`` receipt, a
     closure batch for every compact completion and for a compact receipt (which only
-    ``cancel_job`` closes: ``settle`` refuses it)."""
+    ``cancel_job`` closes: ``settle`` refuses it). The receipt of a deleted *lease* closes as
+    the runtime closes it then: ``completed`` after a completion, ``rescue`` after any other
+    ending (the outcome it writes for every lease it deletes and reads back)."""
     s = shaped.c
+    outcome: ColumnElement[Any] = s.next_state
+    if lease:
+        outcome = case(
+            (tagged(shaped, "complete"), text_literal("completed")), else_=text_literal("rescue")
+        )
     closures = qs.lease_claim_closures
     key: dict[str, ColumnElement[Any]] = {
         "claim_slot": s.claim_slot,
@@ -92,7 +99,7 @@ def closing_rows(shaped: CTE) -> list[CTE]:
     }
     closed: dict[str, ColumnElement[Any]] = {
         **key,
-        "outcome": s.next_state,
+        "outcome": outcome,
         "closed_at": func.clock_timestamp(),
     }
     row_closure = (

@@ -35,7 +35,7 @@ from awa_sa.core.errors import (
     ValidationError,
 )
 from awa_sa.core.unique_keys import Unique
-from awa_sa.enqueue.answers import enqueued
+from awa_sa.enqueue.answers import collector_paused, enqueued
 from awa_sa.enqueue.bulk_flow import set_based
 from awa_sa.enqueue.new_jobs import (
     Duplicate,
@@ -144,6 +144,7 @@ def enqueue_many(
     return within(bind, prepared, on_duplicate) if prepared.jobs else []
 
 
+@collector_paused()
 def prepare_batch(jobs: object, on_duplicate: object, options: Mapping[str, Any]) -> Batch:
     """Every job of a batch checked, or the first one's reason to refuse.
 

@@ -1,11 +1,15 @@
-"""A batch's rows are built without ``EnqueuedJob.__init__``: the same rows, every field set."""
+"""A batch's rows are built without ``EnqueuedJob.__init__`` (the same rows, every field set) and
+without the garbage collector's passes, which are left as the caller had them."""
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 from datetime import UTC, datetime
 
-from awa_sa.enqueue.answers import new_row
+import pytest
+
+from awa_sa.enqueue.answers import collector_paused, new_row
 from awa_sa.enqueue.new_jobs import EnqueuedJob
 
 
@@ -18,3 +22,20 @@ def test_new_row_is_the_dataclass_row() -> None:
     assert dataclasses.astuple(built) == values
     assert not hasattr(EnqueuedJob, "__post_init__")  # nothing new_row would skip
     assert [f.name for f in dataclasses.fields(EnqueuedJob)] == list(EnqueuedJob.__slots__)
+
+
+def test_the_collector_is_held_off_for_a_batch_and_left_as_it_was() -> None:
+    assert gc.isenabled()
+    with collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(ZeroDivisionError), collector_paused():
+        1 / 0  # noqa: B018
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the caller's choice stays
+    finally:
+        gc.enable()

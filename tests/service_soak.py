@@ -159,6 +159,8 @@ class Soak:
 
     def operator(self) -> None:
         while self.committed < self.cfg.prepare_at * self.cfg.jobs:
+            if self.stop.is_set():  # a thread failed: the run ends and reports it
+                return
             time.sleep(0.05)
         details = json.dumps({"schema": self.cfg.schema})
         self.until("storage", "prepare", "--engine", "queue_storage", "--details", details)
@@ -182,18 +184,19 @@ class Soak:
         if rng.random() < 0.1:  # scheduled: due within the run
             run_at = datetime.now(UTC) + timedelta(seconds=rng.uniform(0.5, 3))
         unique: dict[str, Any] | None = {} if rng.random() < 0.1 else None
-        if unique is not None:
-            with self.lock:
-                self.uniques.append(args)
         return NewJob(
             args, kind=KIND, queue=queue, max_attempts=attempts, run_at=run_at, unique_opts=unique
         )
 
-    def duplicate(self, rng: random.Random) -> NewJob | None:
+    def duplicate(self, rng: random.Random, batch: list[NewJob]) -> NewJob | None:
+        """A job of the same unique key as one committed, or one of *batch*'s own: never one
+        another producer has yet to commit (two batches each inserting the other's pending key
+        wait on each other: PostgreSQL's deadlock, awa-pg's inserts' too)."""
         with self.lock:
-            if not self.uniques:
+            keys = self.uniques + [j.args for j in batch if j.unique_opts is not None]
+            if not keys:
                 return None
-            args = rng.choice(self.uniques)
+            args = rng.choice(keys)
         _, _, queue, attempts = PLANS[args["plan"]]
         return NewJob(args, kind=KIND, queue=queue, max_attempts=attempts, unique_opts={})
 
@@ -211,7 +214,7 @@ class Soak:
             most = max(1, min(self.cfg.max_batch, self.cfg.jobs // 20))
             size = round(math.exp(rng.uniform(0, math.log(most)))) if rng.random() < 0.3 else 1
             jobs = [self.new_job(rng) for _ in range(max(size, 1))]
-            dup = self.duplicate(rng) if rng.random() < 0.15 else None
+            dup = self.duplicate(rng, jobs) if rng.random() < 0.15 else None
             if dup is not None:
                 jobs.insert(rng.randrange(len(jobs) + 1), dup)
             self.transaction(rng, jobs)
@@ -257,6 +260,11 @@ class Soak:
         with self.lock:
             self.committed += len(rows)
             self.known.extend(r["job_id"] for r in rows)
+            self.uniques.extend(
+                j.args
+                for j, m in zip(jobs, made, strict=True)
+                if j.unique_opts is not None and not isinstance(m, Duplicate)
+            )
 
     # ---- the admin ----------------------------------------------------------------------
 

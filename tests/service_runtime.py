@@ -60,8 +60,17 @@ PLANS: dict[str, tuple[tuple[str, ...], int, str, int]] = {
 """plan -> (the result of each run in order, share per 100, queue, max_attempts). The
 ``callback`` plan's share is the soak's own (``SoakConfig.callbacks``): its runs before the last
 attempt park on a callback (``Service.park``), the last settles as ``complete`` does, so a wait
-the timeout rescue ends is run again, never failed by it without a business row."""
+the timeout rescue ends is run again, never failed by it without a business row. Only a
+queue-storage job parks; a canonical one completes at once: a canonical wait still parked at
+the flip is found by no receiver (awa-pg's calls and awa-sa's look where routing points), its
+timeout rescue makes it a canonical ``retryable`` job, and with a canonical runtime holding the
+maintenance leadership awa-pg 0.6.9 left such jobs unpromoted in ``mixed_transition``, so the
+``finalize`` gate refused for good (seen at ``--jobs 13000``)."""
 assert sum(p[1] for p in PLANS.values()) == 100
+
+QS_ID_BASE = 100_000_000
+"""The queue-storage schema's ``job_id_seq`` starts here (service_soak.py): an id names its plane
+(both sequences start at 1 otherwise, and ids collide during the mixed window)."""
 
 CALLBACK_TIMEOUTS_MS = {500: 30, 4000: 70}
 """A wait's callback timeout -> its share: a receiver answers within RECEIVER_DELAY_S
@@ -142,7 +151,7 @@ class Service:
         plan, token = job.args["plan"], job.args["t"]
         run: dict[str, Any] = {"rt": self.name, "job": job.id, "attempt": job.attempt}
         run |= {"token": token, "plan": plan, "t0": time.time()}
-        if plan == "callback" and job.attempt < PLANS[plan][3]:
+        if plan == "callback" and job.attempt < PLANS[plan][3] and job.id >= QS_ID_BASE:
             try:
                 return await self.park(job, token, run)
             finally:

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.slow  # three real awa-pg runtimes and the real CLI, 30
 
 JOBS = 150
 """Every plan, verb and phase a few times over; the transition comes at a quarter of them. A
-twentieth of them wait on callbacks (``SoakConfig.callbacks``) the receivers resolve."""
+tenth of them wait on callbacks (``SoakConfig.callbacks``; those on queue storage park) that the
+receivers resolve."""
 
 
 def test_a_services_traffic_beside_three_runtimes_through_a_transition(

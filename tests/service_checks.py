@@ -17,6 +17,7 @@ from typing import Any
 import awa
 import sqlalchemy as sa
 from runtimes import pg_url, rows
+from service_receiver import STATE_OF
 
 from awa_sa import running_attempts
 
@@ -126,6 +127,8 @@ def check(engine: sa.Engine, schema: str, tally: Any, runs: list[dict[str, Any]]
     requests = rows(engine, "SELECT token, job_id, how FROM svc_requests")
     effects = rows(engine, "SELECT * FROM svc_effects ORDER BY id")
     admin = rows(engine, "SELECT * FROM svc_admin ORDER BY id")
+    callbacks = rows(engine, "SELECT * FROM svc_callbacks ORDER BY id")
+    received = rows(engine, "SELECT * FROM svc_receipts ORDER BY id")
     ends = rows(engine, _ends(schema))
     receipts = {r["job_id"]: r["lease"] for r in rows(engine, _receipts(schema))}
     phase = rows(engine, "SELECT state, details FROM awa.storage_transition_state")[0]
@@ -164,7 +167,8 @@ def check(engine: sa.Engine, schema: str, tally: Any, runs: list[dict[str, Any]]
         if a["verb"] != "cancel" and a["answer"] == "JobRow":
             retried_at[a["job_id"]] = max(a["at"], retried_at.get(a["job_id"], a["at"]))
     current: list[tuple[int, int, str]] = []
-    for r in [*effects, *({**a, "state": "cancelled"} for a in admin if a["verb"] == "cancel")]:
+    cancelled = ({**a, "state": "cancelled"} for a in admin if a["verb"] == "cancel")
+    for r in [*effects, *cancelled, *received]:
         superseded = r["job_id"] in retried_at and r["at"] < retried_at[r["job_id"]]
         if r["state"] in TERMINAL and r.get("answer", "JobRow") == "JobRow" and not superseded:
             current.append((r["job_id"], r["run_lease"], r["state"]))
@@ -218,7 +222,23 @@ def check(engine: sa.Engine, schema: str, tally: Any, runs: list[dict[str, Any]]
         f"{len(cancels)} cancels, {sum(map(retried_after, cancels))} retried after",
     )
 
-    # 5. queue counts equal the rows
+    # 5. every callback's receiver rows match its job's end
+    last_run = {j: max(ran.get(j, 0), receipts.get(j, 0)) for j in {*ran, *receipts}}
+    read = {"callbacks": callbacks, "received": received, "admin": admin, "ends": ends}
+    problems, callback_figures = _callbacks(engine, schema, read, last_run)
+    f.hold(
+        "every callback's receiver rows match its job's end",
+        problems,
+        f"{len(callbacks)} waits, {len(received)} receiver rows committed",
+    )
+    callback_counts = callback_figures | {
+        "receivers answered None": len(tally.lost_callbacks),
+        "None where a receiver committed": sum(
+            c in {r["callback_id"] for r in received} for c in tally.lost_callbacks
+        ),
+    }
+
+    # 6. queue counts equal the rows
     stats = _stats(engine)
     counted = rows(engine, _counted(schema))
     problems = [
@@ -235,7 +255,7 @@ def check(engine: sa.Engine, schema: str, tally: Any, runs: list[dict[str, Any]]
                 problems.append(f"{queue} {key} {s[key]}, rows {qs_ends[(queue, state)]}")
     f.hold("queue counts and stats equal the rows", problems)
 
-    # 6. no deadlock, no error but the expected answers
+    # 7. no deadlock, no error but the expected answers
     [dead] = rows(
         engine, "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
     )
@@ -248,6 +268,7 @@ def check(engine: sa.Engine, schema: str, tally: Any, runs: list[dict[str, Any]]
         "CancelledDuplicate",
         "Stale",
         "AttemptNotFound",
+        "Parked",
     }
     odd = [
         f"run {r['job']}/{r.get('lease')}: {r.get('answer')} {r.get('message', '')}"
@@ -258,7 +279,7 @@ def check(engine: sa.Engine, schema: str, tally: Any, runs: list[dict[str, Any]]
         "no deadlock, no answer but the expected ones",
         [*tally.unexpected, *odd]
         + ([f"{dead['deadlocks']} deadlocks"] if dead["deadlocks"] else []),
-        f"phase {phase['state']}; expected: Stale, AttemptNotFound, DuplicateJob, None, "
+        f"phase {phase['state']}; expected: Stale, AttemptNotFound, Parked, DuplicateJob, None, "
         "QueueStorageJobs, UniqueConflict (a retry onto a held key)",
     )
     if phase["state"] != "active":
@@ -289,6 +310,7 @@ def check(engine: sa.Engine, schema: str, tally: Any, runs: list[dict[str, Any]]
             ),
         },
         "transitions": tally.transitions,
+        "callbacks": callback_counts,
         "stats": stats,
     }
     return f
@@ -307,6 +329,81 @@ def format_table(f: Figures, label: str) -> str:
         f"{f.seconds.get('produced', 0):.1f} s, all settled in {settled:.1f} s "
         f"({n / settled if settled else 0:.0f} jobs/s)"
     )
-    for key in ("ends", "handler runs", "races", "answers", "transitions", "stats"):
+    for key in ("ends", "handler runs", "races", "callbacks", "answers", "transitions", "stats"):
         lines.append(f"{key}: {f.counts.get(key)}")
     return "\n".join(lines)
+
+
+def _callbacks(
+    engine: sa.Engine, schema: str, read: dict[str, list[dict[str, Any]]], last_run: dict[int, int]
+) -> tuple[list[str], dict[str, Any]]:
+    """Each wait a handler recorded, against its receivers' committed rows and its job's end: at
+    most one row; a ``complete`` or ``fail`` row's job ended there (completed, failed) at that
+    wait's lease, unless an admin retry came after; a ``retry`` row's job ran again; a wait with
+    no row was ended by the timeout rescue (the job ran again, and its errors hold one
+    "callback timed out" for each such wait) or by the admin. No job ended twice."""
+    callbacks, received, admin, ends = (read[k] for k in ("callbacks", "received", "admin", "ends"))
+    final = {e["job_id"]: e for e in ends}
+    rows_of: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in received:
+        rows_of[r["callback_id"]].append(r)
+    admin_at: dict[tuple[int, int], list[Any]] = defaultdict(list)
+    retried_at: dict[int, Any] = {}
+    for a in admin:
+        if a["answer"] == "JobRow":
+            admin_at[(a["job_id"], a["run_lease"])].append(a["at"])
+            if a["verb"] != "cancel":
+                retried_at[a["job_id"]] = max(a["at"], retried_at.get(a["job_id"], a["at"]))
+    problems = [f"job {j} ended {n} times" for j, n in Counter(e["job_id"] for e in ends).items()]
+    problems = [p for p in problems if not p.endswith(" 1 times")]
+    outcome: Counter[str] = Counter()
+    unanswered: Counter[int] = Counter()
+    by_admin: Counter[int] = Counter()
+    for c in callbacks:
+        job, lease, got = c["job_id"], c["run_lease"], rows_of[c["callback_id"]]
+        later = last_run.get(job, 0) > lease
+        admin_after = any(at > c["at"] for at in admin_at[(job, lease)])
+        name = f"callback {c['callback_id']} (job {job}/{lease})"
+        if len(got) > 1:
+            problems.append(f"{name}: {len(got)} receiver rows {[r['action'] for r in got]}")
+        if not got:
+            outcome["rescued" if not admin_after else "ended by the admin"] += 1
+            unanswered[job] += 1
+            by_admin[job] += admin_after
+            if not later and not admin_after:
+                problems.append(f"{name}: no receiver row, and the job never ran again")
+            continue
+        r = got[0]
+        outcome[r["action"]] += 1
+        if (r["run_lease"], r["state"]) != (lease, STATE_OF[r["action"]]):
+            problems.append(f"{name}: {r['action']} row says {r['state']} at {r['run_lease']}")
+        if r["action"] == "retry":
+            if not later and not admin_after:
+                problems.append(f"{name}: retried, and the job never ran again")
+            continue
+        if job in retried_at and retried_at[job] > r["at"]:
+            outcome[f"{r['action']}, then retried by the admin"] += 1
+            continue
+        end = final.get(job)
+        if end is None or (end["run_lease"], end["state"]) != (lease, STATE_OF[r["action"]]):
+            problems.append(f"{name}: {r['action']} row, but the job ended {end}")
+        if later:
+            problems.append(f"{name}: {r['action']} row, but the job ran again")
+    timed_out: Counter[int] = Counter()
+    ids = ",".join(str(j) for j in unanswered) or "0"
+    errors_of = f"""SELECT id AS job_id, to_jsonb(errors) AS errors FROM awa.jobs_hot
+    WHERE id IN ({ids})
+    UNION ALL SELECT d.job_id, coalesce(d.payload, r.payload) -> 'errors'
+    FROM {schema}.done_entries AS d LEFT JOIN {schema}.ready_entries AS r
+      ON (r.job_id, r.lane_seq, r.enqueue_shard) = (d.job_id, d.lane_seq, d.enqueue_shard)
+    WHERE d.job_id IN ({ids})"""
+    # A done row without a payload of its own has its ready entry's; a compact completion keeps
+    # no errors: not counted.
+    for r in rows(engine, errors_of):
+        errors = r["errors"] or []
+        timed_out[r["job_id"]] = sum(e.get("error") == "callback timed out" for e in errors)
+    for job, n in timed_out.items():
+        if not unanswered[job] - by_admin[job] <= n <= unanswered[job]:
+            problems.append(f"job {job}: {unanswered[job]} waits unanswered, {n} timed out")
+    outcome["timeouts in the errors of the jobs that keep them"] = sum(timed_out.values())
+    return problems, {"waits": len(callbacks), "resolved": len(received), **dict(outcome)}

@@ -60,9 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2000, help="committed enqueues (default 2000)")
     parser.add_argument("--pooler", action="store_true", help="awa-sa through PgBouncer")
     parser.add_argument("--seed", type=int, default=56)
+    parser.add_argument(
+        "--callbacks", type=float, default=0.18, help="share of jobs parked on callbacks (0.18)"
+    )
     args = parser.parse_args(argv)
     with soak_cluster(pooler=args.pooler) as (sa_url, direct_url, options, workdir):
-        config = SoakConfig(jobs=args.jobs, seed=args.seed, engine_options=options)
+        config = SoakConfig(
+            jobs=args.jobs, seed=args.seed, callbacks=args.callbacks, engine_options=options
+        )
         figures = Soak(sa_url, direct_url, config, workdir).run()
     print(format_table(figures, "PgBouncer" if args.pooler else "direct"))
     return 0 if figures.ok else 1

@@ -55,9 +55,26 @@ PLANS: dict[str, tuple[tuple[str, ...], int, str, int]] = {
     "retry_after": (("retry_after", "complete"), 8, "svc", 25),
     "followup": (("followup",), 8, "svc", 25),
     "slow": (("complete",), 18, "slow", 5),  # the first run may outlive the deadline
+    "callback": (("complete",), 0, "svc", 3),  # parks; the final attempt completes (below)
 }
-"""plan -> (the result of each run in order, share per 100, queue, max_attempts)."""
+"""plan -> (the result of each run in order, share per 100, queue, max_attempts). The
+``callback`` plan's share is the soak's own (``SoakConfig.callbacks``): its runs before the last
+attempt park on a callback (``Service.park``), the last settles as ``complete`` does, so a wait
+the timeout rescue ends is run again, never failed by it without a business row. Only a
+queue-storage job parks; a canonical one completes at once: a canonical wait still parked at
+the flip is found by no receiver (awa-pg's calls and awa-sa's look where routing points), its
+timeout rescue makes it a canonical ``retryable`` job, and with a canonical runtime holding the
+maintenance leadership awa-pg 0.6.9 left such jobs unpromoted in ``mixed_transition``, so the
+``finalize`` gate refused for good (seen at ``--jobs 13000``)."""
 assert sum(p[1] for p in PLANS.values()) == 100
+
+QS_ID_BASE = 100_000_000
+"""The queue-storage schema's ``job_id_seq`` starts here (service_soak.py): an id names its plane
+(both sequences start at 1 otherwise, and ids collide during the mixed window)."""
+
+CALLBACK_TIMEOUTS_MS = {500: 30, 4000: 70}
+"""A wait's callback timeout -> its share: a receiver answers within RECEIVER_DELAY_S
+(service_receiver.py), so the short ones race the runtime's callback-timeout rescue."""
 
 SLOW_DEADLINE_MS = 500
 QUEUES = [
@@ -88,19 +105,26 @@ CREATE TABLE svc_effects (id bigserial PRIMARY KEY, token text NOT NULL, job_id 
     state text NOT NULL, new_job_id bigint, runtime text NOT NULL,
     at timestamptz NOT NULL DEFAULT clock_timestamp());
 CREATE INDEX ON svc_effects (token);
+CREATE TABLE svc_callbacks (id bigserial PRIMARY KEY, callback_id text NOT NULL UNIQUE,
+    token text NOT NULL, job_id bigint NOT NULL, run_lease bigint NOT NULL, attempt int NOT NULL,
+    storage text NOT NULL, timeout_ms int NOT NULL, runtime text NOT NULL,
+    at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE TABLE svc_receipts (id bigserial PRIMARY KEY, callback_id text NOT NULL,
+    receiver text NOT NULL, action text NOT NULL, job_id bigint, run_lease bigint, state text,
+    storage text, at timestamptz NOT NULL DEFAULT clock_timestamp());
 CREATE TABLE svc_admin (id bigserial PRIMARY KEY, verb text NOT NULL, job_id bigint,
     answer text NOT NULL, state text, run_lease bigint, storage text,
     at timestamptz NOT NULL DEFAULT clock_timestamp());
 """
-"""The service's own tables: its requests, its handlers' effects, its admin's actions."""
+"""The service's own tables: its requests, its handlers' effects, the callbacks they parked on,
+its receivers' rows (service_receiver.py), its admin's actions."""
 
 REQUESTS = sa.table("svc_requests", sa.column("token"), sa.column("job_id"), sa.column("how"))
-
-HOOK_CALLBACKS = None
-"""CALLBACKS GO HERE (not on main yet): once ``complete_external``, ``fail_external`` and
-``retry_external`` are, a plan here registers a callback in its settle's transaction, and a
-receiver thread beside ``Soak.admin`` (service_soak.py) resolves the waits with awa-sa, racing
-the runtime's callback timeouts; service_checks.py then matches its rows to each job's end."""
+CALLBACKS = sa.table(
+    "svc_callbacks",
+    *(sa.column(c) for c in ("callback_id", "token", "job_id", "run_lease", "attempt")),
+    *(sa.column(c) for c in ("storage", "timeout_ms", "runtime")),
+)
 
 
 def state_of(result: Result, ending: Ending) -> str:
@@ -123,10 +147,16 @@ class Service:
     def record(self, **run: Any) -> None:
         self.log.write(json.dumps(run, default=str) + "\n")
 
-    async def handle(self, job: Any) -> None:
+    async def handle(self, job: Any) -> Any:
         plan, token = job.args["plan"], job.args["t"]
         run: dict[str, Any] = {"rt": self.name, "job": job.id, "attempt": job.attempt}
         run |= {"token": token, "plan": plan, "t0": time.time()}
+        if plan == "callback" and job.attempt < PLANS[plan][3] and job.id >= QS_ID_BASE:
+            try:
+                return await self.park(job, token, run)
+            finally:
+                run["t1"] = time.time()
+                self.record(**run)
         if plan == "slow" and job.attempt == 1:
             # About the deadline: settled within a rescue interval of it, from either side.
             nap = random.Random(token).uniform(0.7, 1.3) * SLOW_DEADLINE_MS / 1000
@@ -142,6 +172,34 @@ class Service:
         finally:
             run["t1"] = time.time()
             self.record(**run)
+
+    async def park(self, job: Any, token: str, run: dict[str, Any]) -> Any:
+        """Registers a callback with awa-pg's own ``Job`` API, then records it for the receivers
+        in the service's transaction (with the attempt's lease, from ``attempt_of``), and parks.
+        A wait whose attempt is already gone is not recorded: nobody will call it back."""
+        ms = random.choices(list(CALLBACK_TIMEOUTS_MS), list(CALLBACK_TIMEOUTS_MS.values()))[0]
+        run["timeout_ms"] = ms
+        try:
+            callback = await job.register_callback(timeout_seconds=ms / 1000)
+        except Exception as exc:  # awa-pg's refusal, recorded for the checks
+            run["answer"] = "register refused"
+            run["message"] = f"{type(exc).__name__}: {exc}"[:300]
+            raise
+        run["callback"] = str(callback.id)
+        async with self.engine.connect() as conn, conn.begin() as tx:
+            try:
+                found = await conn.run_sync(attempt_of, job)
+            except AttemptNotFound:
+                run["answer"] = "AttemptNotFound"  # rescued or cancelled since it was claimed
+                await tx.rollback()
+                return awa.WaitForCallback(callback)
+            run["lease"], run["storage"] = found.run_lease, found.storage
+            row = {"callback_id": run["callback"], "token": token, "job_id": job.id}
+            row |= {"run_lease": found.run_lease, "attempt": found.attempt}
+            row |= {"storage": found.storage, "timeout_ms": ms, "runtime": self.name}
+            await conn.execute(sa.insert(CALLBACKS).values(**row))
+        run["answer"] = "Parked"
+        return awa.WaitForCallback(callback)
 
     async def settle(
         self, conn: AsyncConnection, job: Any, plan: str, token: str, run: dict[str, Any]

@@ -8,6 +8,10 @@ What runs at once against one ``awa migrate`` cluster, which starts canonical:
   request's rows (``svc_requests``), one in ten rolled back; unique jobs and deliberate
   duplicates (``DuplicateJob``, and ``on_duplicate="skip"`` in batches), scheduled jobs,
   batches of 1 to ``max_batch``;
+* **receivers** (threads, service_receiver.py): a share of the jobs (``callbacks``) park on a
+  callback; the receivers end the waits with ``complete_external``, ``fail_external`` and
+  ``retry_external``, each in a transaction with its row (``svc_receipts``), racing each other
+  (a webhook delivered twice) and the runtimes' callback-timeout rescue;
 * an **admin** (a thread): ``cancel_job``, ``retry_job``, ``retry_failed`` of jobs in every
   state, ``pause_queue``/``resume_queue``, ``get_job`` and ``jobs_view`` reads, each committed
   with its business row (``svc_admin``);
@@ -43,15 +47,13 @@ from typing import Any
 import sqlalchemy as sa
 from runtimes import STILL_RINGS, pg_url, rows
 from service_checks import Figures, check, live_count
-from service_runtime import KIND, PLANS, TABLES
+from service_receiver import Receivers
+from service_runtime import KIND, PLANS, QS_ID_BASE, TABLES
 
 import awa_sa
 from awa_sa import Duplicate, DuplicateJob, NewJob, QueueStorageJobs, UniqueConflict
 
 HERE = Path(__file__).resolve().parent
-QS_ID_BASE = 100_000_000
-"""The queue-storage schema's ``job_id_seq`` starts here: an id names its plane (both sequences
-start at 1 otherwise, and ids collide during the mixed window)."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,10 @@ class SoakConfig:
     """Share of the jobs past which the producers wait for the mixed transition: however fast
     the runtimes drain, the rest of the run is enqueued onto queue storage."""
     wait_secs: float = 900.0
+    callbacks: float = 0.1
+    """Share of the jobs of the ``callback`` plan (service_runtime.py): they park on callbacks
+    the receivers resolve."""
+    receivers: int = 3
     engine_options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -79,6 +85,8 @@ class Tally:
     rolled_ids: set[int] = field(default_factory=set)
     unexpected: list[str] = field(default_factory=list)
     transitions: list[tuple[str, float, int]] = field(default_factory=list)
+    lost_callbacks: list[str] = field(default_factory=list)
+    """The callbacks a receiver was answered None for (another ender won)."""
 
 
 class Soak:
@@ -98,6 +106,7 @@ class Soak:
         self.stop = threading.Event()
         self.mixed = threading.Event()
         self.t0 = 0.0
+        self.receivers = Receivers(self.engine, config.receivers, self.tally, self.lock)
 
     # ---- the runtimes -------------------------------------------------------------------
 
@@ -107,6 +116,7 @@ class Soak:
         start: dict[str, Any] = {**STILL_RINGS, "promote_interval_ms": 100}
         start |= {"poll_interval_ms": 50, "deadline_rescue_interval_ms": 100}
         start |= {"leader_election_interval_ms": 100, "storage_transition_role": role}
+        start |= {"callback_rescue_interval_ms": 100}
         start |= {"queue_storage_schema": self.cfg.schema}
         config: dict[str, Any] = {"name": name, "awa_url": pg_url(self.direct_url)}
         config |= {
@@ -159,6 +169,8 @@ class Soak:
 
     def operator(self) -> None:
         while self.committed < self.cfg.prepare_at * self.cfg.jobs:
+            if self.stop.is_set():  # a thread failed: the run ends and reports it
+                return
             time.sleep(0.05)
         details = json.dumps({"schema": self.cfg.schema})
         self.until("storage", "prepare", "--engine", "queue_storage", "--details", details)
@@ -176,24 +188,30 @@ class Soak:
 
     def new_job(self, rng: random.Random) -> NewJob:
         plan = rng.choices(list(PLANS), weights=[p[1] for p in PLANS.values()])[0]
+        if rng.random() < self.cfg.callbacks:
+            plan = "callback"
         _, _, queue, attempts = PLANS[plan]
         args = {"t": f"p{next(self.tokens)}", "plan": plan}
         run_at = None
         if rng.random() < 0.1:  # scheduled: due within the run
             run_at = datetime.now(UTC) + timedelta(seconds=rng.uniform(0.5, 3))
-        unique: dict[str, Any] | None = {} if rng.random() < 0.1 else None
-        if unique is not None:
-            with self.lock:
-                self.uniques.append(args)
+        # Not a callback job: its wait releases the key (the default states leave out
+        # waiting_external), a duplicate may take it, and ending the wait is then refused
+        # (UniqueConflict, as awa-pg); test_callbacks.py checks that, not the soak.
+        unique: dict[str, Any] | None = {} if rng.random() < 0.1 and plan != "callback" else None
         return NewJob(
             args, kind=KIND, queue=queue, max_attempts=attempts, run_at=run_at, unique_opts=unique
         )
 
-    def duplicate(self, rng: random.Random) -> NewJob | None:
+    def duplicate(self, rng: random.Random, batch: list[NewJob]) -> NewJob | None:
+        """A job of the same unique key as one committed, or one of *batch*'s own: never one
+        another producer has yet to commit (two batches each inserting the other's pending key
+        wait on each other: PostgreSQL's deadlock, awa-pg's inserts' too)."""
         with self.lock:
-            if not self.uniques:
+            keys = self.uniques + [j.args for j in batch if j.unique_opts is not None]
+            if not keys:
                 return None
-            args = rng.choice(self.uniques)
+            args = rng.choice(keys)
         _, _, queue, attempts = PLANS[args["plan"]]
         return NewJob(args, kind=KIND, queue=queue, max_attempts=attempts, unique_opts={})
 
@@ -211,7 +229,7 @@ class Soak:
             most = max(1, min(self.cfg.max_batch, self.cfg.jobs // 20))
             size = round(math.exp(rng.uniform(0, math.log(most)))) if rng.random() < 0.3 else 1
             jobs = [self.new_job(rng) for _ in range(max(size, 1))]
-            dup = self.duplicate(rng) if rng.random() < 0.15 else None
+            dup = self.duplicate(rng, jobs) if rng.random() < 0.15 else None
             if dup is not None:
                 jobs.insert(rng.randrange(len(jobs) + 1), dup)
             self.transaction(rng, jobs)
@@ -255,6 +273,11 @@ class Soak:
         with self.lock:
             self.committed += len(rows)
             self.known.extend(r["job_id"] for r in rows)
+            self.uniques.extend(
+                j.args
+                for j, m in zip(jobs, made, strict=True)
+                if j.unique_opts is not None and not isinstance(m, Duplicate)
+            )
 
     # ---- the admin ----------------------------------------------------------------------
 
@@ -308,8 +331,9 @@ class Soak:
 
     def follow(self) -> None:
         """How many jobs ended, as the service's own rows say (the producers' pace)."""
-        ended = "SELECT count(*) AS n FROM svc_effects WHERE state IN ('completed', 'failed', "
-        ended += "'cancelled')"
+        ended = "SELECT (SELECT count(*) FROM svc_effects WHERE state IN ('completed', 'failed', "
+        ended += "'cancelled')) + (SELECT count(*) FROM svc_receipts WHERE state IN "
+        ended += "('completed', 'failed')) AS n"
         while not self.stop.is_set():
             self.ended = int(rows(self.direct, ended)[0]["n"])
             time.sleep(0.25)
@@ -334,7 +358,13 @@ class Soak:
             for i in range(self.cfg.producers)
         ]
         threads.append(threading.Thread(target=self.guard(self.follow), name="follow"))
-        for t in [*threads, operator, *producers]:
+        receivers = [
+            threading.Thread(
+                target=self.guard(self.receivers.receive), args=(i,), name=f"r{i}", daemon=True
+            )
+            for i in range(self.cfg.receivers)
+        ]
+        for t in [*threads, *receivers, operator, *producers]:
             t.start()
         try:
             for t in [*producers, operator]:
@@ -351,6 +381,9 @@ class Soak:
                 break
             time.sleep(0.5)
         settled = time.monotonic() - self.t0
+        self.receivers.stop.set()  # the waits all ended: the receivers have nothing to answer
+        for t in receivers:
+            t.join()
         for name in list(self.procs):
             self.stop_runtime(name)
         runs = [json.loads(line) for log in self.logs for line in log.read_text().splitlines()]

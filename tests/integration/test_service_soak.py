@@ -17,7 +17,9 @@ from service_soak import Soak, SoakConfig
 pytestmark = pytest.mark.slow  # three real awa-pg runtimes and the real CLI, 30-50 s
 
 JOBS = 150
-"""Every plan, verb and phase a few times over; the transition comes at a quarter of them."""
+"""Every plan, verb and phase a few times over; the transition comes at a quarter of them. A
+tenth of them wait on callbacks (``SoakConfig.callbacks``; those on queue storage park) that the
+receivers resolve."""
 
 
 def test_a_services_traffic_beside_three_runtimes_through_a_transition(
@@ -36,3 +38,4 @@ def test_a_services_traffic_beside_three_runtimes_through_a_transition(
     ends = figures.counts["ends"]
     assert any(k.startswith("canonical") for k in ends), ends  # both planes ended jobs
     assert any(not k.startswith("canonical") for k in ends), ends
+    assert figures.counts["callbacks"]["waits"] > 0, figures.counts["callbacks"]  # a few parked

@@ -24,6 +24,62 @@ from awa_sa import running_attempts
 TERMINAL = ("completed", "failed", "cancelled")
 
 
+def lanes_moved_past_awas_wedge(engine: sa.Engine, schema: str) -> int:
+    """Lanes whose claim cursor stands on a dead number (a rolled-back enqueue's) right before
+    a tombstone, moved onto the tombstone, as docs/administer.md tells an operator to: awa-pg
+    0.6.9's claim passes such a tombstone only when it starts exactly at the cursor, whoever
+    cancelled the job (tests/integration/test_administer_cancel_gap.py). Each lane in its own
+    READ COMMITTED transaction: the enqueues still reserving on it waited for first (the enqueue
+    head's row lock, the reservation lock), so a number no ready row holds is dead."""
+    moved = 0
+    [made] = rows(engine, f"SELECT to_regclass('{schema}.queue_claim_heads') IS NOT NULL AS made")
+    if not made["made"]:
+        return moved  # not prepared yet
+    lanes = rows(engine, f"SELECT queue, priority, enqueue_shard FROM {schema}.queue_claim_heads")
+    for lane in lanes:
+        where = "queue = :queue AND priority = :priority AND enqueue_shard = :enqueue_shard"
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "SELECT pg_advisory_xact_lock(hashtextextended("
+                    "format('%I.%I', CAST(:s AS text), seq_name), 0))"
+                    f" FROM {schema}.queue_enqueue_heads WHERE {where} FOR UPDATE"
+                ),
+                {**lane, "s": schema},
+            ).all()
+            head = conn.execute(
+                sa.text(
+                    f"""SELECT h.seq_name, {schema}.sequence_next_value(h.seq_name) AS cursor,
+                           (SELECT min(r.lane_seq) FROM {schema}.ready_entries AS r
+                            WHERE r.queue = h.queue AND r.priority = h.priority
+                              AND r.enqueue_shard = h.enqueue_shard
+                              AND r.lane_seq >= {schema}.sequence_next_value(h.seq_name)
+                           ) AS first
+                    FROM {schema}.queue_claim_heads AS h WHERE {where} FOR UPDATE"""
+                ),
+                lane,
+            ).one()
+            if head.first is None or head.first <= head.cursor:
+                continue
+            tombstoned = conn.execute(
+                sa.text(
+                    f"SELECT EXISTS (SELECT 1 FROM {schema}.ready_tombstones WHERE {where}"
+                    " AND lane_seq = :first)"
+                ),
+                {**lane, "first": head.first},
+            ).scalar_one()
+            if tombstoned:
+                conn.execute(
+                    sa.text(
+                        f"SELECT {schema}.set_sequence_next(CAST(:seq AS text),"
+                        " CAST(:first AS bigint))"
+                    ),
+                    {"seq": head.seq_name, "first": head.first},
+                ).all()
+                moved += 1
+    return moved
+
+
 def live_count(engine: sa.Engine, schema: str) -> int:
     """Jobs not yet terminal on either plane: waiting, due, claimable or running."""
     [row] = rows(

@@ -46,7 +46,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from runtimes import STILL_RINGS, pg_url, rows
-from service_checks import Figures, check, live_count
+from service_checks import Figures, check, lanes_moved_past_awas_wedge, live_count
 from service_receiver import Receivers
 from service_runtime import KIND, PLANS, QS_ID_BASE, TABLES
 
@@ -284,7 +284,12 @@ class Soak:
     def admin(self) -> None:
         rng = random.Random(self.cfg.seed + 7)
         verbs = {"cancel": 30, "retry": 25, "get": 25, "view": 10, "pause": 3, "retry_failed": 2}
+        wedges_looked_at = time.monotonic()
         while not self.stop.is_set():
+            if time.monotonic() - wedges_looked_at > 1:  # as an operator would, docs say
+                wedges_looked_at = time.monotonic()
+                moved = lanes_moved_past_awas_wedge(self.direct, self.cfg.schema)
+                self.tally.answers["lanes moved past Awa's wedge"] += moved
             verb = rng.choices(list(verbs), weights=list(verbs.values()))[0]
             with self.lock:
                 if not self.known:
@@ -376,6 +381,9 @@ class Soak:
                 t.join()
         deadline = time.monotonic() + self.cfg.wait_secs
         while (live := live_count(self.direct, self.cfg.schema)) != 0:
+            self.tally.answers["lanes moved past Awa's wedge"] += lanes_moved_past_awas_wedge(
+                self.direct, self.cfg.schema
+            )
             if time.monotonic() > deadline:
                 self.tally.unexpected.append(f"{live} jobs still live after the wait")
                 break

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -31,6 +31,7 @@ from administering import masked, pg_call, same_job, twin
 from conftest import QUIESCED_FLIP, run_awa
 from runtimes import pg_url, until_idle
 
+import awa_sa
 from awa_sa.testing.databases import Databases
 from awa_sa.testing.server import EmbeddedPostgres
 
@@ -47,6 +48,43 @@ QUEUES: list[dict[str, Any]] = [
     {"name": "cb_q", "max_workers": 4},  # the default deadline: a ``lease_claims`` receipt
     {"name": "cbc_q", "max_workers": 1, "deadline_duration_ms": 0},  # compact receipts
 ]
+
+
+def on_pg(call: Callable[[awa.AsyncClient], Any]) -> Callable[[awa.AsyncClient], Any]:
+    """*call*, with awa-pg's "callback not found" read as None."""
+
+    async def answered(client: awa.AsyncClient) -> Any:
+        try:
+            return await call(client)
+        except awa.CallbackNotFound:
+            return None
+
+    return answered
+
+
+CALLS: dict[str, tuple[Any, Any]] = {
+    "complete": (
+        lambda c, cb: c.complete_external(cb, {"paid": True}),
+        lambda conn, cb: awa_sa.complete_external(conn, cb, {"paid": True}),
+    ),
+    "fail": (
+        lambda c, cb: c.fail_external(cb, "card declined"),
+        lambda conn, cb: awa_sa.fail_external(conn, cb, "card declined"),
+    ),
+    "retry": (
+        lambda c, cb: c.retry_external(cb),
+        awa_sa.retry_external,
+    ),
+    "resume": (
+        lambda c, cb: c.resume_external(cb, {"ok": [1, "two"]}),
+        lambda conn, cb: awa_sa.resume_external(conn, cb, {"ok": [1, "two"]}),
+    ),
+    "heartbeat": (
+        lambda c, cb: c.heartbeat_callback(cb, 120.5),
+        lambda conn, cb: awa_sa.heartbeat_callback(conn, cb, 120.5),
+    ),
+}
+"""Each verb ending a wait, as awa-pg's ``AsyncClient`` and as awa-sa call it."""
 
 
 @dataclass

@@ -23,6 +23,7 @@ import awa
 import pytest
 import sqlalchemy as sa
 from administering import pg_call
+from callback_waits import on_pg
 from conftest import cloned
 from racing import held, in_thread, wait_for, wait_until_blocked
 from runtimes import hold_leadership, pg_url, rows
@@ -206,16 +207,6 @@ def receiving(cluster: Cluster, note: str, call: Callable[[sa.Connection], Any])
 
 def complete(callback: str) -> Callable[[sa.Connection], Any]:
     return lambda conn: awa_sa.complete_external(conn, callback, {"paid": True})
-
-
-def on_pg(call: Callable[[awa.AsyncClient], Any]) -> Callable[[awa.AsyncClient], Any]:
-    async def answered(client: awa.AsyncClient) -> Any:
-        try:
-            return await call(client)
-        except awa.CallbackNotFound:
-            return None
-
-    return answered
 
 
 def still_never_rerun(cluster: Cluster, *job_ids: int) -> None:

@@ -13,7 +13,7 @@ and both workers do the same with it, each job ending once and never running aga
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
@@ -22,7 +22,8 @@ import pytest
 import sqlalchemy as sa
 from administering import change, pg_call, same_job, snapshot, twins
 from callback_running import Holder, Running, running_twins
-from callback_waits import CHANNELS, PHASES, same_answer
+from callback_waits import CALLS as ENDERS
+from callback_waits import CHANNELS, PHASES, on_pg, same_answer
 from racing import wait_for
 
 import awa_sa
@@ -51,34 +52,8 @@ JOBS: tuple[dict[str, Any], ...] = (
 )
 
 
-def found(call: Callable[[awa.AsyncClient], Any]) -> Callable[[awa.AsyncClient], Any]:
-    """*call*, with awa-pg's "callback not found" read as None."""
-
-    async def answered(client: awa.AsyncClient) -> Any:
-        try:
-            return await call(client)
-        except awa.CallbackNotFound:
-            return None
-
-    return answered
-
-
 CALLS: dict[str, tuple[int, Any, Any]] = {
-    "complete": (
-        1,
-        lambda c, cb: c.complete_external(cb, {"paid": True}),
-        lambda conn, cb: awa_sa.complete_external(conn, cb, {"paid": True}),
-    ),
-    "fail": (
-        2,
-        lambda c, cb: c.fail_external(cb, "card declined"),
-        lambda conn, cb: awa_sa.fail_external(conn, cb, "card declined"),
-    ),
-    "resume": (
-        3,
-        lambda c, cb: c.resume_external(cb, {"ok": [1, "two"]}),
-        lambda conn, cb: awa_sa.resume_external(conn, cb, {"ok": [1, "two"]}),
-    ),
+    **{verb: (n, *ENDERS[verb]) for verb, n in (("complete", 1), ("fail", 2), ("resume", 3))},
     "resolve-paid": (
         4,
         lambda c, cb: c.resolve_callback(cb, PAID, "ignore"),
@@ -89,12 +64,7 @@ CALLS: dict[str, tuple[int, Any, Any]] = {
         lambda c, cb: c.resolve_callback(cb, DECLINED, "complete"),
         lambda conn, cb: awa_sa.resolve_callback(conn, cb, DECLINED, "complete"),
     ),
-    "retry": (6, lambda c, cb: c.retry_external(cb), awa_sa.retry_external),
-    "heartbeat": (
-        6,
-        lambda c, cb: c.heartbeat_callback(cb, 120.5),
-        lambda conn, cb: awa_sa.heartbeat_callback(conn, cb, 120.5),
-    ),
+    **{verb: (6, *ENDERS[verb]) for verb in ("retry", "heartbeat")},
     "resolve-ignored": (
         6,
         lambda c, cb: c.resolve_callback(cb, REFUND, "complete"),
@@ -139,7 +109,7 @@ def compared(running: Running, name: str) -> tuple[Any, Any, dict[str, Any], Any
     made = twins(
         running.urls,
         running.engines,
-        found(lambda c: by_pg(c, ids[0])),
+        on_pg(lambda c: by_pg(c, ids[0])),
         lambda conn: by_sa(conn, ids[1]),
         schemas=running.schemas,
         channels=CHANNELS,

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import awa
 import pytest
 import sqlalchemy as sa
 from administering import change, pg_call, same_job, snapshot, twins
-from callback_waits import CHANNELS, PHASES, SCHEMA, Parked, parked_twins
+from callback_waits import CALLS, CHANNELS, PHASES, SCHEMA, Parked, on_pg, parked_twins
 from runtimes import rows
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.orm import Session
@@ -70,40 +70,6 @@ def parked(
         yield made
 
 
-def on_pg(call: Callable[[awa.AsyncClient], Any]) -> Callable[[awa.AsyncClient], Any]:
-    """*call*, with awa-pg's "callback not found" read as None."""
-
-    async def answered(client: awa.AsyncClient) -> Any:
-        try:
-            return await call(client)
-        except awa.CallbackNotFound:
-            return None
-
-    return answered
-
-
-CALLS: dict[str, tuple[Any, Any]] = {
-    "complete": (
-        lambda c, cb: c.complete_external(cb, {"paid": True}),
-        lambda conn, cb: awa_sa.complete_external(conn, cb, {"paid": True}),
-    ),
-    "fail": (
-        lambda c, cb: c.fail_external(cb, "card declined"),
-        lambda conn, cb: awa_sa.fail_external(conn, cb, "card declined"),
-    ),
-    "retry": (
-        lambda c, cb: c.retry_external(cb),
-        awa_sa.retry_external,
-    ),
-    "resume": (
-        lambda c, cb: c.resume_external(cb, {"ok": [1, "two"]}),
-        lambda conn, cb: awa_sa.resume_external(conn, cb, {"ok": [1, "two"]}),
-    ),
-    "heartbeat": (
-        lambda c, cb: c.heartbeat_callback(cb, 120.5),
-        lambda conn, cb: awa_sa.heartbeat_callback(conn, cb, 120.5),
-    ),
-}
 STATE = {
     "complete": "completed",
     "fail": "failed",

@@ -14,7 +14,6 @@ sent as it sends it; docs/administer.md gives the operator's way out, checked la
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
 
 import awa
 import pytest
@@ -23,24 +22,9 @@ from conftest import Cluster
 from runtimes import pg_url
 
 import awa_sa
-from awa_sa.testing.server import EmbeddedPostgres
 
 HEAD = "FROM awa_qs.queue_claim_heads WHERE queue = 'gap'"
 CLAIM = "SELECT job_id, lane_seq FROM awa_qs.claim_ready_runtime('gap', 1, 30.0, 0)"
-
-
-@pytest.fixture
-def cluster(
-    pg: EmbeddedPostgres, clone_database: Callable[[str], str], real_template: str
-) -> Iterator[Cluster]:
-    url = clone_database(real_template)
-    engine = sa.create_engine(url, poolclass=sa.NullPool)
-    try:
-        found = Cluster("real", pg, url, engine)
-        found.set_phase("active", "awa_qs")
-        yield found
-    finally:
-        engine.dispose()
 
 
 def _enqueue(engine: sa.Engine, n: int, *, commit: bool = True) -> int:
@@ -68,8 +52,10 @@ def _cursor(engine: sa.Engine) -> int:
         return int(conn.exec_driver_sql(sql).scalar_one())
 
 
+@pytest.mark.parametrize("real_plane", ["active"], indirect=True)
 @pytest.mark.parametrize("by", ["awa-pg", "awa-sa"])
-def test_a_tombstone_behind_a_gap_holds_the_lane_back(cluster: Cluster, by: str) -> None:
+def test_a_tombstone_behind_a_gap_holds_the_lane_back(real_plane: Cluster, by: str) -> None:
+    cluster = real_plane
     engine = cluster.engine
     first = _enqueue(engine, 0)  # lane number 1
     _enqueue(engine, 1, commit=False)  # 2: a gap

@@ -16,17 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import awa
 import pytest
-import sqlalchemy as sa
 from conftest import Cluster
 from runtimes import STILL, pg_url, rows, until_idle
 
 import awa_sa
-from awa_sa.testing.server import EmbeddedPostgres
 
 JOBS = int(os.environ.get("AWA_SA_BULK_WORKER_JOBS", "2000"))
 ROLLED_BACK = 300
@@ -36,21 +33,9 @@ SLOTS = 16
 """The batch committed after the rolled-back one, in the same lane."""
 
 
-@pytest.fixture
-def cluster(
-    pg: EmbeddedPostgres, clone_database: Callable[[str], str], real_template: str
-) -> Iterator[Cluster]:
-    url = clone_database(real_template)
-    engine = sa.create_engine(url, poolclass=sa.NullPool)
-    try:
-        found = Cluster("real", pg, url, engine)
-        found.set_phase("active", "awa_qs")
-        yield found
-    finally:
-        engine.dispose()
-
-
-def test_a_real_worker_runs_every_job_of_a_large_batch_in_lane_order(cluster: Cluster) -> None:
+@pytest.mark.parametrize("real_plane", ["active"], indirect=True)
+def test_a_real_worker_runs_every_job_of_a_large_batch_in_lane_order(real_plane: Cluster) -> None:
+    cluster = real_plane
     jobs = [
         awa_sa.NewJob({"lane": 1 + n % 2, "n": n}, kind="b", queue="q", priority=1 + n % 2)
         for n in range(JOBS)
